@@ -1,0 +1,18 @@
+# The two entry points of the README. Both build (or reuse) the environment first.
+VENV ?= .venv
+export SPECDIFF_VENV := $(abspath $(VENV))
+BIN := $(SPECDIFF_VENV)/bin
+
+.PHONY: setup demo test lint
+
+setup:
+	@bash scripts/setup.sh
+
+demo: setup
+	$(BIN)/vllm-specdiff demo
+
+lint: setup
+	$(BIN)/ruff check .
+
+test: lint
+	bash scripts/run_tests.sh
