@@ -1,0 +1,286 @@
+"""Time the self-selection kernels against their plain-torch alternatives.
+
+    python -m benchmarks.kernels [--device cuda|cpu] [--peak-gbps 4800] [--output table.md]
+
+On CUDA it times, per shape:
+  tree attention   Triton kernel (paged prefix + bitmask) vs torch SDPA with a dense boolean
+                   mask over pre-gathered, contiguous K/V (the gather is NOT timed, which favours
+                   SDPA);
+  draft log-probs  fused Triton kernel vs the unfused torch path (log-softmax + gather + cumsum,
+                   `vllm_specdiff.core.scoring.draft_logprob_streak_torch`).
+Achieved bandwidth = compulsory bytes / median time, where compulsory bytes count every input
+read once and every output written once (for the log-probs: each distinct parent row of the
+logits). "% peak" compares it with --peak-gbps (default 4800, an H200's HBM3e).
+
+On CPU only the torch paths run (Triton compiles for GPUs; vLLM's CPU build has no Triton), on
+smaller shapes, labelled as CPU rows: a smoke test that the script and references work, not a
+performance figure. With SPECDIFF_KERNELS=triton TRITON_INTERPRET=1 the Triton rows run too,
+in Triton's interpreter (their times mean nothing; it checks the code path). Every row also
+reports the max |difference| from the torch reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from triton_kernels.dispatch import select_backend
+from triton_kernels.tree_attention_ref import tree_attention_torch
+from triton_kernels.tree_mask import tree_mask_from_parents
+from vllm_specdiff.core.scoring import draft_logprob_streak_torch
+from vllm_specdiff.core.tree import TokenTree, build_token_tree
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    requests: int
+    prefix: int
+    drafts: int
+    gamma: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    def label(self) -> str:
+        return (f"B={self.requests} prefix={self.prefix} K={self.drafts} G={self.gamma} "
+                f"H={self.heads}/{self.kv_heads} D={self.head_dim}")
+
+
+@dataclass(frozen=True)
+class LogprobShape:
+    requests: int
+    drafts: int
+    gamma: int
+    vocab: int
+
+    def label(self) -> str:
+        return f"B={self.requests} K={self.drafts} G={self.gamma} V={self.vocab}"
+
+
+GPU_ATTENTION = [
+    AttentionShape(1, 4096, 8, 16, 32, 8, 128),
+    AttentionShape(8, 2048, 4, 8, 32, 8, 128),
+    AttentionShape(32, 1024, 4, 8, 64, 8, 128),
+    AttentionShape(16, 1024, 8, 16, 32, 32, 64),
+]
+GPU_LOGPROBS = [
+    LogprobShape(1, 8, 16, 152_064),
+    LogprobShape(8, 4, 8, 128_256),
+    LogprobShape(32, 4, 8, 256_000),
+]
+CPU_ATTENTION = [AttentionShape(2, 256, 4, 8, 8, 2, 64)]
+CPU_LOGPROBS = [LogprobShape(2, 4, 8, 32_000)]
+
+
+@dataclass
+class Row:
+    kernel: str
+    shape: str
+    impl: str
+    seconds: float
+    nbytes: int
+    max_diff: float
+
+
+def random_tree(requests: int, drafts: int, gamma: int, vocab: int, device: torch.device,
+                seed: int) -> TokenTree:
+    """Drafts over a tiny alphabet so that they share prefixes like real ones do."""
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, min(vocab, 4), (requests, drafts, gamma), generator=gen)
+    tree = build_token_tree(torch.zeros(requests, dtype=torch.long), tokens)
+    return TokenTree(*(t.to(device) for t in (tree.tokens, tree.parents, tree.depths,
+                                              tree.offsets, tree.draft_nodes, tree.drafts)))
+
+
+def time_it(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Median seconds per call (triton.testing.do_bench on CUDA, which flushes the L2)."""
+    if device.type == "cuda":
+        import triton.testing
+
+        return triton.testing.do_bench(fn, warmup=10, rep=max(repeats, 20),
+                                       return_mode="median") / 1e3
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def bench_attention(shape: AttentionShape, dtype: torch.dtype, device: torch.device,
+                    repeats: int) -> list[Row]:
+    tree = random_tree(shape.requests, shape.drafts, shape.gamma, 50, device, seed=0)
+    n, b, block = tree.num_nodes, shape.requests, 16
+    counts = tree.node_counts()
+    gen = torch.Generator(device=device).manual_seed(0)
+    blocks_per_req = -(-shape.prefix // block)
+    num_blocks = b * blocks_per_req
+    cache_shape = (num_blocks, block, shape.kv_heads, shape.head_dim)
+    key_cache = torch.randn(cache_shape, generator=gen, device=device, dtype=dtype)
+    value_cache = torch.randn(cache_shape, generator=gen, device=device, dtype=dtype)
+    block_tables = torch.randperm(num_blocks, generator=gen, device=device).view(b, -1).int()
+    prefix_lens = torch.full((b,), shape.prefix, dtype=torch.int32, device=device)
+    q = torch.randn(n, shape.heads, shape.head_dim, generator=gen, device=device, dtype=dtype)
+    k = torch.randn(n, shape.kv_heads, shape.head_dim, generator=gen, device=device, dtype=dtype)
+    v = torch.randn_like(k)
+    cu = tree.offsets.int()
+    mask = tree_mask_from_parents(tree.parents, tree.offsets)
+    args = (q, k, v, key_cache, value_cache, block_tables, prefix_lens, cu, mask)
+    max_nodes = int(counts.max())
+    reference = tree_attention_torch(*args)
+
+    # Dense SDPA baseline: contiguous [B, H, L, D] K/V padded to the longest request.
+    group = shape.heads // shape.kv_heads
+    length = shape.prefix + max_nodes
+    dense_k = torch.zeros(b, length, shape.kv_heads, shape.head_dim, device=device, dtype=dtype)
+    dense_v = torch.zeros_like(dense_k)
+    dense_q = torch.zeros(b, max_nodes, shape.heads, shape.head_dim, device=device, dtype=dtype)
+    dense_mask = torch.zeros(b, 1, max_nodes, length, dtype=torch.bool, device=device)
+    ancestors = tree.ancestor_mask()
+    for i, (start, end) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True)):
+        nodes = end - start
+        flat = block_tables[i].long()
+        dense_k[i, :shape.prefix] = key_cache[flat].flatten(0, 1)[:shape.prefix]
+        dense_v[i, :shape.prefix] = value_cache[flat].flatten(0, 1)[:shape.prefix]
+        dense_k[i, shape.prefix:shape.prefix + nodes] = k[start:end]
+        dense_v[i, shape.prefix:shape.prefix + nodes] = v[start:end]
+        dense_q[i, :nodes] = q[start:end]
+        dense_mask[i, 0, :nodes, :shape.prefix] = True
+        dense_mask[i, 0, :nodes, shape.prefix:] = ancestors[i, :nodes, :max_nodes]
+        dense_mask[i, 0, nodes:, 0] = True  # padding rows: anything finite
+    sdpa_q = dense_q.transpose(1, 2)
+    sdpa_k = dense_k.repeat_interleave(group, dim=2).transpose(1, 2)
+    sdpa_v = dense_v.repeat_interleave(group, dim=2).transpose(1, 2)
+
+    def sdpa() -> torch.Tensor:
+        return torch.nn.functional.scaled_dot_product_attention(sdpa_q, sdpa_k, sdpa_v,
+                                                                attn_mask=dense_mask)
+
+    def sdpa_diff() -> float:
+        out = sdpa().transpose(1, 2)
+        got = torch.cat([out[i, :int(c)] for i, c in enumerate(counts.tolist())])
+        return (got.float() - reference.float()).abs().max().item()
+
+    es = torch.tensor([], dtype=dtype).element_size()
+    nbytes = (2 * n * shape.heads * shape.head_dim * es  # q, out
+              + 2 * (b * shape.prefix + n) * shape.kv_heads * shape.head_dim * es  # K, V
+              + mask.numel() * 4 + block_tables.numel() * 4)
+    label = shape.label()
+    rows = [Row("tree attention", label, "SDPA dense mask" + _where(device, triton=False),
+                time_it(sdpa, device, repeats), nbytes, sdpa_diff())]
+    if select_backend(device) == "triton":
+        from triton_kernels.tree_attention_triton import tree_attention_triton
+
+        def fused() -> torch.Tensor:
+            return tree_attention_triton(*args, max_tree_nodes=max_nodes,
+                                         max_prefix_len=shape.prefix)
+
+        diff = (fused().float() - reference.float()).abs().max().item()
+        rows.append(Row("tree attention", label, "Triton paged" + _where(device, triton=True),
+                        time_it(fused, device, repeats), nbytes, diff))
+    else:
+        rows.append(Row("tree attention", label, "torch reference" + _where(device, triton=False),
+                        time_it(lambda: tree_attention_torch(*args), device, repeats), nbytes,
+                        0.0))
+    return rows
+
+
+def bench_logprobs(shape: LogprobShape, dtype: torch.dtype, device: torch.device,
+                   repeats: int) -> list[Row]:
+    tree = random_tree(shape.requests, shape.drafts, shape.gamma, shape.vocab, device, seed=1)
+    gen = torch.Generator(device=device).manual_seed(1)
+    logits = torch.randn(tree.num_nodes, shape.vocab, generator=gen, device=device).to(dtype)
+    temp = torch.ones(tree.num_nodes, device=device)
+    args = (logits, temp, tree.tokens, tree.parents, tree.draft_nodes)
+    reference = draft_logprob_streak_torch(*args)
+    parent_rows = torch.unique(tree.parents[tree.parents >= 0]).numel()
+    nbytes = parent_rows * shape.vocab * logits.element_size()
+    label = shape.label()
+    rows = [Row("draft log-probs", label, "unfused torch" + _where(device, triton=False),
+                time_it(lambda: draft_logprob_streak_torch(*args), device, repeats), nbytes,
+                0.0)]
+    if select_backend(device) == "triton":
+        from triton_kernels.draft_logprobs_triton import draft_logprob_streak_triton
+
+        got = draft_logprob_streak_triton(*args)
+        finite = torch.isfinite(reference[0])
+        diff = (got[0][finite] - reference[0][finite]).abs().max().item()
+        rows.append(Row("draft log-probs", label, "Triton fused" + _where(device, triton=True),
+                        time_it(lambda: draft_logprob_streak_triton(*args), device, repeats),
+                        nbytes, diff))
+    return rows
+
+
+def _where(device: torch.device, triton: bool) -> str:
+    """Label rows that are not GPU measurements."""
+    if device.type == "cuda":
+        return ""
+    return " (CPU interpreter)" if triton else " (CPU)"
+
+
+def format_table(rows: list[Row], peak_gbps: float | None, header: str) -> str:
+    lines = [header, "",
+             "| kernel | shape | implementation | time (us) | GB/s | % peak | max abs diff |",
+             "|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        gbps = r.nbytes / r.seconds / 1e9
+        peak = f"{100 * gbps / peak_gbps:.1f}" if peak_gbps else "-"
+        lines.append(f"| {r.kernel} | {r.shape} | {r.impl} | {r.seconds * 1e6:.1f} | "
+                     f"{gbps:.1f} | {peak} | {r.max_diff:.2e} |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cuda (Triton vs torch) or cpu (torch paths only, small shapes)")
+    parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES),
+                        help="activation / KV-cache / logits dtype")
+    parser.add_argument("--peak-gbps", type=float, default=None,
+                        help="peak memory bandwidth in GB/s for the %% column (default 4800 on "
+                             "CUDA = H200 HBM3e; none on CPU)")
+    parser.add_argument("--repeats", type=int, default=20, help="timed calls per measurement")
+    parser.add_argument("--output", default=None, help="also write the Markdown table here")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda requested but CUDA is not available")
+    if args.repeats < 1:
+        raise ValueError("--repeats must be >= 1")
+    dtype = DTYPES[args.dtype]
+    peak = args.peak_gbps if args.peak_gbps is not None else (
+        4800.0 if device.type == "cuda" else None)
+    on_gpu = device.type == "cuda"
+    torch.manual_seed(0)
+    rows: list[Row] = []
+    for shape in GPU_ATTENTION if on_gpu else CPU_ATTENTION:
+        rows += bench_attention(shape, dtype, device, args.repeats)
+    for shape in GPU_LOGPROBS if on_gpu else CPU_LOGPROBS:
+        rows += bench_logprobs(shape, dtype, device, args.repeats)
+    name = torch.cuda.get_device_name(device) if on_gpu else (
+        "CPU (Triton interpreted)" if select_backend(device) == "triton" else
+        "CPU (torch paths only)")
+    header = (f"Kernel benchmark, {time.strftime('%Y-%m-%d', time.gmtime())}, {name}, "
+              f"{str(dtype).removeprefix('torch.')}, peak {peak or '-'} GB/s")
+    table = format_table(rows, peak, header)
+    print(table)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as fh:
+            fh.write(table)
+    return table
+
+
+if __name__ == "__main__":
+    main()
