@@ -1,0 +1,89 @@
+"""`load_drafter`: one entry point for every drafter directory format.
+
+The format is chosen from config.json's `model_type` (never by running code shipped with the
+checkpoint); a LoRA adapter is merged into the weights, a reduced-vocabulary table found beside the
+weights is applied, and the output is checked against the verifier's vocabulary size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .base import Drafter
+from .block_causal import MODEL_TYPE as BLOCK_CAUSAL_TYPE
+from .block_causal import BlockCausalDrafter
+from .checkpoint import parse_dtype, read_config
+from .dream import DREAM_TYPES, DreamDrafter
+from .llada import LLADA_TYPES, LLaDADrafter
+from .lora import merge_lora
+from .vocab import D2T_FILE, apply_reduced_vocab, check_tokenizer_match, load_d2t
+
+KNOWN_TYPES = (BLOCK_CAUSAL_TYPE, *DREAM_TYPES, *LLADA_TYPES)
+
+
+def load_drafter(path: str | Path, *, lora: str | Path | None = None,
+                 dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
+                 context_window: int | None = None, verifier_vocab_size: int | None = None,
+                 cache_size: int = 64, verifier_tokenizer: object = None) -> Drafter:
+    """Load a drafter directory (config.json + safetensors), offline, without remote code.
+
+    lora: a PEFT adapter directory merged into the weights at load time.
+    context_window: trailing context tokens the drafter sees (bounds the cost of formats that
+      re-encode the context each step).
+    verifier_vocab_size: number of verifier token ids the output must cover; ids beyond it (mask,
+      appended extras) are dropped. A drafter that covers fewer ids is a vocabulary mismatch.
+    cache_size: KV-pool entries of the block-causal drafter (0 disables its cache).
+    verifier_tokenizer: the verifier's tokenizer (directory or object with get_vocab()); when
+      given, every verifier token must have the same id in the drafter directory's tokenizer.
+    """
+    cfg = read_config(path)
+    model_type = cfg.get("model_type")
+    dtype = parse_dtype(dtype)
+    device = str(device)
+    if context_window is not None and (not isinstance(context_window, int) or context_window < 1):
+        raise ValueError(f"context_window must be a positive int or None, got {context_window!r}")
+    # With an adapter, merge in float32 first, then cast (a bf16 merge would round twice).
+    load_dtype = torch.float32 if lora is not None else dtype
+    if model_type == BLOCK_CAUSAL_TYPE:
+        drafter: Drafter = BlockCausalDrafter.from_pretrained(
+            path, dtype=load_dtype, cache_size=cache_size, context_window=context_window)
+    elif model_type in DREAM_TYPES:
+        drafter = DreamDrafter.from_pretrained(path, dtype=load_dtype,
+                                               context_window=context_window)
+    elif model_type in LLADA_TYPES:
+        drafter = LLaDADrafter.from_pretrained(path, dtype=load_dtype,
+                                               context_window=context_window)
+    else:
+        raise ValueError(f"unknown drafter model_type {model_type!r} in {str(path)!r}; "
+                         f"supported: {list(KNOWN_TYPES)}")
+    d2t_path = Path(path) / D2T_FILE
+    if d2t_path.is_file() and drafter.draft_to_verifier is None:
+        apply_reduced_vocab(drafter, load_d2t(d2t_path))
+    if lora is not None:  # after the d2t table: an adapter is trained on the drafter as loaded
+        merge_lora(drafter, lora)
+    if verifier_vocab_size is not None:
+        set_verifier_vocab(drafter, verifier_vocab_size)
+    if verifier_tokenizer is not None:
+        check_tokenizer_match(path, verifier_tokenizer, verifier_vocab_size)
+    drafter.to(device=device, dtype=dtype)
+    drafter.model.reset_rotary()
+    return drafter.eval()
+
+
+def set_verifier_vocab(drafter: Drafter, verifier_vocab_size: int) -> None:
+    """Make `draft_logits` cover exactly `verifier_vocab_size` ids, or raise on a mismatch."""
+    if not isinstance(verifier_vocab_size, int) or verifier_vocab_size < 1:
+        raise ValueError(f"verifier_vocab_size must be a positive int, got {verifier_vocab_size!r}")
+    d2t = drafter.draft_to_verifier
+    if d2t is not None:
+        if int(d2t.max()) >= verifier_vocab_size:
+            raise ValueError(f"vocab mismatch: the drafter's draft->verifier table maps to id "
+                             f"{int(d2t.max())}, outside verifier_vocab_size={verifier_vocab_size}")
+    elif drafter.draft_vocab_size < verifier_vocab_size:
+        raise ValueError(
+            f"vocab mismatch: the drafter's LM head covers {drafter.draft_vocab_size} ids but the "
+            f"verifier has {verifier_vocab_size}; pass the tokenizer's length if the verifier's "
+            "embedding is only padded, or use a drafter built for this verifier's tokenizer")
+    drafter.vocab_size = verifier_vocab_size
