@@ -1,0 +1,172 @@
+"""`specdiff-distill`: generate verifier data, streak-distil a drafter, evaluate it.
+
+    specdiff-distill generate --verifier DIR --prompts prompts.jsonl --output data/
+    specdiff-distill train --data data/ --drafter DRAFTER_DIR --output runs/streak
+    specdiff-distill eval --data data/ --verifier DIR --candidate base=DRAFTER_DIR \\
+        --candidate runs/streak --output runs/eval.json
+
+Options mirror the fields of GenerateConfig / TrainConfig / EvalConfig (one flag per field), so
+the CLI, the Python API and the saved train_config.json all use the same names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+HELP = {
+    # generate
+    "verifier": "verifier model directory (transformers format)",
+    "prompts": "jsonl: one prompt per line (string, {'prompt'|'text': str} or {'messages': [...]})",
+    "num_samples": "continuations per prompt",
+    "temperature": "verifier sampling temperature (1.0 = the paper's setting; 0 = greedy)",
+    "max_new_tokens": "tokens generated per continuation",
+    "top_logprobs": "also store the verifier's top-k log-probs per generated position "
+                    "(soft targets for streak-soft/kl; 0 = off)",
+    "chunk_size": "prompts per shard (the unit of resumption)",
+    "batch_size": "prompts per generate call (generate) / sequences per micro-batch (train) / "
+                  "held-out sequences per drafter and verifier call (eval)",
+    "backend": "auto (vLLM when installed), vllm or transformers",
+    "max_prompts": "use only the first N prompts",
+    "max_prompt_tokens": "keep the last N tokens of longer prompts",
+    "chat_template": "wrap text prompts as a user message with the tokenizer's chat template",
+    "dtype": "auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16",
+    "device": "auto, cpu, cuda, cuda:N",
+    # train
+    "data": "data directory written by `generate`",
+    "output": "output directory (train) / JSON file (eval; a PNG is written beside it)",
+    "drafter": "drafter directory to train (e.g. the default block-causal drafter)",
+    "init_from": "or: a Llama/Qwen2 causal LM directory to build a block-causal drafter from",
+    "num_layers": "decoder layers kept by --init-from",
+    "draft_vocab": "reduced-vocabulary table (d2t.safetensors) for --init-from",
+    "init_lora": "a LoRA adapter merged into the starting weights",
+    "tokenizer": "tokenizer directory the data is checked against (default: beside the drafter)",
+    "loss": "streak (default), streak-soft, position-avg, mdm or kl",
+    "gamma": "draft window (tokens per draft)",
+    "draft_temperature": "drafter softmax temperature T_d (as used at inference)",
+    "windows_per_seq": "windows packed per sequence (one context pass serves them all)",
+    "grad_accum": "micro-batches per optimizer step",
+    "steps": "optimizer steps",
+    "lr": "peak learning rate (AdamW)",
+    "weight_decay": "AdamW weight decay",
+    "warmup_steps": "linear warm-up steps",
+    "schedule": "after warm-up: cosine, linear or constant",
+    "max_grad_norm": "gradient clipping (0 = off)",
+    "finetune": "lora (a PEFT adapter) or full (merged weights of --train-params)",
+    "lora_rank": "LoRA rank",
+    "lora_alpha": "LoRA alpha",
+    "lora_dropout": "LoRA dropout",
+    "lora_targets": "comma-separated linear module names that get LoRA",
+    "train_params": "comma-separated regexes of parameters trained by --finetune full",
+    "freeze_params": "comma-separated regexes never trained by --finetune full",
+    "gradient_checkpointing": "recompute decoder layers in backward (less memory)",
+    "mixed_precision": "auto (bf16 where the hardware has it, else fp32), no, bf16, fp16",
+    "heldout_fraction": "fraction of prompts held out, split by prompt (eval: by default the "
+                        "fraction the candidates were trained with)",
+    "eval_every": "steps between held-out expected-streak measurements (0: only at the end)",
+    "eval_windows": "held-out windows measured by train",
+    "save_every": "steps between checkpoints",
+    "max_length": "longest sequence prefix used (context + gamma)",
+    "min_context": "shortest context a window may have",
+    "seed": "random seed (data order, sampling, initialisation)",
+    "resume": "continue from the latest checkpoint in --output",
+    # eval
+    "candidates": "[NAME=]PATH[+ADAPTER]: a drafter directory, a `train` output directory, or a "
+                  "drafter plus an adapter; repeat to compare side by side",
+    "verifier_temperature": "temperature of the verifier's p in the expected accepted length",
+    "num_drafts": "drafts K sampled per window (K > 1 also reports the self-selected max)",
+    "max_windows": "held-out windows evaluated",
+    "split": "heldout (the prompts train held out) or all",
+    "plot": "write the per-position acceptance PNG",
+}
+SINGULAR = {"candidates": "candidate"}
+REQUIRED = {"generate": {"verifier", "prompts", "output"}, "train": {"data", "output"},
+            "eval": {"data", "verifier", "candidates"}}
+
+
+def _add_fields(parser: argparse.ArgumentParser, cls: type, required: set[str]) -> None:
+    """One flag per dataclass field; its default and type come from the dataclass."""
+    for f in dataclasses.fields(cls):
+        flag = "--" + SINGULAR.get(f.name, f.name).replace("_", "-")
+        kw: dict[str, Any] = {"dest": f.name, "help": HELP.get(f.name, "")}
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        t = str(f.type)
+        if f.name == "candidates":
+            kw.update(action="append", default=[])
+        elif t == "bool":
+            kw.update(action=argparse.BooleanOptionalAction, default=default)
+        elif t.startswith("list"):
+            kw.update(type=lambda s: [x for x in s.split(",") if x], default=default)
+        else:
+            base = t.replace(" | None", "")
+            kw.update(type={"int": int, "float": float}.get(base, str), default=default)
+        if f.name in required:
+            kw["required"] = True
+            kw.pop("default", None)
+        kw["help"] += "" if default in (None, [], "") or kw.get("required") else \
+            f" (default: {','.join(default) if isinstance(default, list) else default})"
+        parser.add_argument(flag, **kw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from training.evaluate import EvalConfig
+    from training.generate import GenerateConfig
+    from training.trainer import TrainConfig
+
+    parser = argparse.ArgumentParser(prog="specdiff-distill", description=__doc__.split("\n")[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, cls, desc in (
+            ("generate", GenerateConfig, "prompts -> verifier continuations (token-id shards)"),
+            ("train", TrainConfig, "streak-distil a drafter on verifier sequences"),
+            ("eval", EvalConfig, "accepted lengths and acceptance curves against the verifier")):
+        p = sub.add_parser(name, help=desc, description=desc)
+        _add_fields(p, cls, REQUIRED[name])
+        p.set_defaults(config_cls=cls)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(levelname)s %(name)s: %(message)s")
+    cls = args.config_cls
+    names = {f.name for f in dataclasses.fields(cls)}
+    cfg = cls(**{k: v for k, v in vars(args).items() if k in names})
+    try:
+        if args.command == "generate":
+            from training.generate import run_generate
+
+            result = run_generate(cfg)
+        elif args.command == "train":
+            from training.trainer import run_train
+
+            result = run_train(cfg)
+        else:
+            from training.evaluate import run_eval
+
+            result = run_eval(cfg)
+            result = {"output": cfg.output, "results": {
+                k: {m: v[m] for m in ("expected_accepted_length", "greedy_accepted_length",
+                                      "expected_accepted_length_selected", "windows")}
+                for k, v in result["results"].items()}}
+    except (ValueError, FileNotFoundError) as e:
+        print(f"specdiff-distill {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

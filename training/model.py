@@ -1,0 +1,169 @@
+"""Building the trainable drafter: load or initialise it, attach LoRA or choose what to fine-tune,
+and write the result in the form the proposer loads (a PEFT adapter, or a full drafter directory).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from torch import nn
+
+from vllm_specdiff.drafter.base import Drafter
+
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+
+
+def build_drafter(drafter: str | None, init_from: str | None, num_layers: int,
+                  draft_vocab: str | None = None, lora: str | None = None) -> Drafter:
+    """An existing drafter directory (`--drafter`, optionally with a LoRA merged in), or a new
+    block-causal drafter from the first layers of a causal LM (`--init-from`)."""
+    if (drafter is None) == (init_from is None):
+        raise ValueError("pass exactly one of --drafter (a drafter directory) or --init-from "
+                         "(a causal LM directory to build a block-causal drafter from)")
+    if drafter is not None:
+        from vllm_specdiff.drafter.loading import load_drafter
+
+        if not Path(drafter).is_dir():
+            raise FileNotFoundError(f"--drafter {drafter}: not a directory")
+        return load_drafter(drafter, lora=lora, cache_size=0)
+    from vllm_specdiff.drafter.block_causal import BlockCausalDrafter
+
+    if not Path(init_from).is_dir():
+        raise FileNotFoundError(f"--init-from {init_from}: not a directory")
+    d2t = None
+    if draft_vocab is not None:
+        from vllm_specdiff.drafter.vocab import load_d2t
+
+        d2t = load_d2t(Path(draft_vocab))
+    out = BlockCausalDrafter.from_causal_lm(init_from, num_layers, draft_to_verifier=d2t,
+                                            cache_size=0)
+    if lora is not None:
+        from vllm_specdiff.drafter.lora import merge_lora
+
+        merge_lora(out, lora)
+    return out
+
+
+class WindowModel(nn.Module):
+    """Routes `window_logits` through `forward` so DDP sees (and syncs) every training call."""
+
+    def __init__(self, drafter: Drafter) -> None:
+        super().__init__()
+        self.drafter = drafter
+
+    def forward(self, input_ids: torch.Tensor, starts: torch.Tensor, gamma: int) -> torch.Tensor:
+        return self.drafter.window_logits(input_ids, starts, gamma)
+
+
+def add_lora(drafter: Drafter, rank: int, alpha: float, dropout: float,
+             targets: list[str]) -> object:
+    """Inject LoRA layers (peft) and freeze everything else; returns the LoraConfig."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    if rank < 1:
+        raise ValueError(f"--lora-rank must be >= 1, got {rank}")
+    present = {name.rsplit(".", 1)[-1] for name, m in drafter.named_modules()
+               if isinstance(m, nn.Linear)}
+    missing = [t for t in targets if t not in present]
+    if missing:
+        raise ValueError(f"--lora-targets {','.join(missing)}: no such linear module in the "
+                         f"drafter (it has {', '.join(sorted(present))})")
+    config = LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
+                        bias="none")
+    inject_adapter_in_model(config, drafter)
+    for name, p in drafter.named_parameters():
+        p.requires_grad_("lora_" in name)
+    return config
+
+
+def select_trainable(drafter: Drafter, train: list[str], freeze: list[str]) -> list[str]:
+    """Full fine-tuning of chosen parts: parameters matching a `train` regex and no `freeze` one."""
+    names = []
+    for name, p in drafter.named_parameters():
+        on = any(re.search(t, name) for t in train) and not any(re.search(f, name) for f in freeze)
+        p.requires_grad_(on)
+        if on:
+            names.append(name)
+    if not names:
+        raise ValueError(f"--train {train} / --freeze {freeze} leave no trainable parameter")
+    return names
+
+
+def enable_gradient_checkpointing(drafter: Drafter) -> int:
+    """Recompute each decoder layer in backward (transformers' layers support it natively)."""
+    from torch.utils.checkpoint import checkpoint
+
+    count = 0
+    for module in drafter.modules():
+        if hasattr(module, "_gradient_checkpointing_func") or \
+                type(module).__name__.endswith("DecoderLayer"):
+            module.gradient_checkpointing = True
+            module._gradient_checkpointing_func = functools.partial(checkpoint,
+                                                                    use_reentrant=False)
+            count += 1
+    if count == 0:
+        raise ValueError("--gradient-checkpointing: this drafter has no checkpointable layers")
+    return count
+
+
+def trainable_state(drafter: Drafter) -> dict[str, torch.Tensor]:
+    return {n: p.detach().cpu().clone() for n, p in drafter.named_parameters() if p.requires_grad}
+
+
+def load_trainable_state(drafter: Drafter, state: dict[str, torch.Tensor]) -> None:
+    params = dict(drafter.named_parameters())
+    unknown = [k for k in state if k not in params]
+    if unknown:
+        raise ValueError(f"checkpoint holds parameters this drafter lacks: {unknown[:3]}")
+    with torch.no_grad():
+        for k, v in state.items():
+            params[k].copy_(v)
+
+
+def save_adapter(drafter: Drafter, lora_config: object, path: Path, base: str | None) -> Path:
+    """Write a standard PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."""
+    from peft import get_peft_model_state_dict
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    state = get_peft_model_state_dict(drafter)
+    save_file({PEFT_PREFIX + k: v.detach().contiguous().cpu() for k, v in state.items()},
+              str(path / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    lora_config.base_model_name_or_path = base
+    lora_config.save_pretrained(str(path))
+    return path
+
+
+def save_full(drafter: Drafter, path: Path) -> Path:
+    """Merged weights for full fine-tuning: a drafter directory `load_drafter` reads."""
+    if not hasattr(drafter, "save_pretrained"):
+        raise ValueError(f"{type(drafter).__name__} cannot be saved as a full drafter directory; "
+                         f"use --finetune lora")
+    drafter.save_pretrained(path)
+    return Path(path)
+
+
+def drafter_from_checkpoint(path: Path) -> Drafter:
+    """Rebuild the drafter of a `train` checkpoint (base + its trained weights), in eval mode."""
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    state = json.loads((path / "state.json").read_text())
+    cfg = state["config"]
+    drafter = build_drafter(cfg["drafter"], cfg["init_from"], cfg["num_layers"],
+                            cfg["draft_vocab"], cfg["init_lora"])
+    if cfg["finetune"] == "lora":
+        add_lora(drafter, cfg["lora_rank"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
+    load_trainable_state(drafter, load_file(str(path / "trainable.safetensors")))
+    return drafter.eval()
+
+
+def write_json(path: Path, obj: dict) -> None:
+    Path(path).write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")

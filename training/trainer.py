@@ -1,0 +1,439 @@
+"""`train`: streak-distillation of a diffusion drafter on verifier sequences.
+
+One optimizer step = `grad_accum` micro-batches of `batch_size` sequences x `windows_per_seq`
+windows. Everything that decides what a step computes (the batch, dropout noise) is either a pure
+function of (seed, step, rank) or saved in the checkpoint, so resuming continues with bit-identical
+losses. Multi-GPU/multi-node runs go through accelerate (`accelerate launch` or `torchrun`):
+each rank draws its own batches and DDP averages the gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from training.data import check_fingerprint, load_sequences, split_heldout, tokenizer_fingerprint
+from training.losses import SOFT_LOSSES, Targets, expected_streak_of, get_loss
+from training.model import (
+    DEFAULT_LORA_TARGETS,
+    WindowModel,
+    add_lora,
+    build_drafter,
+    enable_gradient_checkpointing,
+    load_trainable_state,
+    save_adapter,
+    save_full,
+    select_trainable,
+    trainable_state,
+    write_json,
+)
+from training.windows import (
+    VocabMap,
+    WindowBatch,
+    batch_generator,
+    eligible_sequences,
+    eval_windows,
+    make_batch,
+    sample_batch,
+)
+
+log = logging.getLogger(__name__)
+
+CKPT_DIR = "checkpoints"
+LOG_FILE = "log.jsonl"
+ADAPTER_DIR = "adapter"
+MODEL_DIR = "model"
+
+
+@dataclass
+class TrainConfig:
+    data: str
+    output: str
+    drafter: str | None = None  # an existing drafter directory
+    init_from: str | None = None  # or: a causal LM directory -> new block-causal drafter
+    num_layers: int = 4  # layers kept by --init-from
+    draft_vocab: str | None = None  # d2t table (reduced head) for --init-from
+    init_lora: str | None = None  # an adapter merged into the starting weights
+    tokenizer: str | None = None  # tokenizer the data must have been made with
+    loss: str = "streak"
+    gamma: int = 8
+    draft_temperature: float = 1.0
+    windows_per_seq: int = 8
+    batch_size: int = 4
+    grad_accum: int = 1
+    steps: int = 200
+    lr: float = 5e-4
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    schedule: str = "cosine"  # cosine | linear | constant (after warm-up)
+    max_grad_norm: float = 1.0
+    finetune: str = "lora"  # lora | full
+    lora_rank: int = 16
+    lora_alpha: float = 32.0
+    lora_dropout: float = 0.0
+    lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
+    train_params: list[str] = field(default_factory=lambda: [r"."])  # regexes, --finetune full
+    freeze_params: list[str] = field(default_factory=lambda: [r"embed_tokens"])
+    gradient_checkpointing: bool = False
+    mixed_precision: str = "auto"  # auto | no | bf16 | fp16
+    heldout_fraction: float = 0.05
+    eval_every: int = 0  # steps between held-out streak measurements (0: only at the end)
+    eval_windows: int = 256
+    save_every: int = 100
+    max_length: int | None = None
+    min_context: int = 1
+    seed: int = 0
+    resume: bool = True
+
+    def validate(self) -> None:
+        get_loss(self.loss)
+        for name in ("gamma", "windows_per_seq", "batch_size", "grad_accum", "steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
+        if self.draft_temperature <= 0:
+            raise ValueError("--draft-temperature must be > 0")
+        if self.finetune not in ("lora", "full"):
+            raise ValueError(f"--finetune must be lora or full, got {self.finetune!r}")
+        if self.schedule not in ("cosine", "linear", "constant"):
+            raise ValueError(f"--schedule must be cosine, linear or constant, "
+                             f"got {self.schedule!r}")
+        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
+            raise ValueError("--mixed-precision must be auto, no, bf16 or fp16")
+        if self.save_every < 1:
+            raise ValueError("--save-every must be >= 1")
+
+
+def resolve_mixed_precision(choice: str) -> str:
+    """bf16 only where the hardware has it (on AVX2 CPUs bf16 autocast is ~30x slower than fp32)."""
+    if choice != "auto":
+        return choice
+    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "no"
+
+
+def lr_lambda(schedule: str, warmup: int, total: int) -> object:
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = (step - warmup) / max(1, total - warmup)
+        if schedule == "linear":
+            return max(0.0, 1.0 - progress)
+        return 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+    return factor
+
+
+def _tokenizer_source(cfg: TrainConfig) -> str | None:
+    for candidate in (cfg.tokenizer, cfg.drafter, cfg.init_from):
+        if candidate and (Path(candidate) / "tokenizer_config.json").is_file():
+            return candidate
+        if candidate and (Path(candidate) / "tokenizer.json").is_file():
+            return candidate
+    return None
+
+
+def check_data_tokenizer(meta: dict, cfg: TrainConfig) -> None:
+    """Data made with another tokenizer is refused before any training happens."""
+    source = _tokenizer_source(cfg)
+    if source is None:
+        if cfg.tokenizer:
+            raise FileNotFoundError(f"--tokenizer {cfg.tokenizer}: no tokenizer files there")
+        raise ValueError("no tokenizer next to the drafter: pass --tokenizer (the verifier "
+                         "directory) so the data's token ids can be checked")
+    from transformers import AutoTokenizer
+
+    fp = tokenizer_fingerprint(AutoTokenizer.from_pretrained(source))
+    check_fingerprint(meta, fp, f"the tokenizer in {source}")
+
+
+# Settings a resumed run may change (how long and how often), all others must match.
+_RESUMABLE_CHANGES = frozenset({"output", "steps", "save_every", "eval_every", "eval_windows",
+                                "resume", "mixed_precision", "gradient_checkpointing"})
+
+
+def _check_same_run(checkpoint: Path, cfg: TrainConfig) -> None:
+    """Resuming with other data, model or loss settings would silently train something else."""
+    saved = json.loads((checkpoint / "state.json").read_text())["config"]
+    now = asdict(cfg)
+    diff = sorted(k for k in now if k not in _RESUMABLE_CHANGES and saved.get(k) != now[k])
+    if diff:
+        raise ValueError(f"--output {cfg.output} holds a run with other settings "
+                         f"({', '.join('--' + k.replace('_', '-') for k in diff)} differ); "
+                         f"use the same settings to resume it, or a new --output")
+
+
+def _latest_checkpoint(out: Path) -> Path | None:
+    ckpts = sorted((out / CKPT_DIR).glob("step-*"))
+    ckpts = [c for c in ckpts if (c / "state.json").is_file()]
+    return ckpts[-1] if ckpts else None
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig) -> None:
+        from accelerate import Accelerator
+
+        cfg.validate()
+        self.cfg = cfg
+        self.out = Path(cfg.output)
+        # cpu=True lets accelerate run DDP over gloo when torchrun starts CPU-only processes.
+        self.accelerator = Accelerator(mixed_precision=resolve_mixed_precision(cfg.mixed_precision),
+                                       cpu=not torch.cuda.is_available())
+        data = load_sequences(Path(cfg.data))
+        check_data_tokenizer(data.meta, cfg)
+        if cfg.loss in SOFT_LOSSES and not data.has_soft_targets:
+            raise ValueError(f"--loss {cfg.loss} needs soft targets: regenerate the data with "
+                             f"`generate --top-logprobs K`")
+        self.train_data, self.heldout = split_heldout(data, cfg.heldout_fraction, cfg.seed)
+        self.soft = cfg.loss in SOFT_LOSSES
+
+        torch.manual_seed(cfg.seed)
+        self.drafter = build_drafter(cfg.drafter, cfg.init_from, cfg.num_layers, cfg.draft_vocab,
+                                     cfg.init_lora)
+        # Windows must fit the drafter's position range (context + gamma).
+        self.max_length = min(cfg.max_length or self.drafter.max_positions,
+                              self.drafter.max_positions)
+        self.eligible = eligible_sequences(self.train_data, cfg.gamma, cfg.min_context,
+                                           self.max_length)
+        if not self.eligible:
+            raise ValueError(f"no training sequence has {cfg.gamma} generated tokens after the "
+                             f"prompt (within --max-length {self.max_length}): generate longer "
+                             f"continuations or lower --gamma")
+        if data.meta.get("vocab_size", 0) > self.drafter.vocab_size:
+            raise ValueError(f"the data's tokenizer has {data.meta['vocab_size']} ids but the "
+                             f"drafter covers {self.drafter.vocab_size}: another tokenizer?")
+        self.vocab = VocabMap(self.drafter.vocab_size, self.drafter.draft_to_verifier)
+        self.lora_config = None
+        if cfg.finetune == "lora":
+            self.lora_config = add_lora(self.drafter, cfg.lora_rank, cfg.lora_alpha,
+                                        cfg.lora_dropout, cfg.lora_targets)
+        else:
+            select_trainable(self.drafter, cfg.train_params, cfg.freeze_params)
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(self.drafter)
+        self.drafter.train()
+        params = [p for p in self.drafter.parameters() if p.requires_grad]
+        self.num_trainable = sum(p.numel() for p in params)
+        optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(cfg.schedule, cfg.warmup_steps, cfg.steps))
+        # The scheduler stays unprepared: accelerate would step it once per process, but our
+        # schedule counts optimizer steps.
+        self.model, self.optimizer = self.accelerator.prepare(WindowModel(self.drafter), optimizer)
+        self.scheduler = scheduler
+        self.loss_fn = get_loss(cfg.loss)
+        self.step = 0
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        acc = self.accelerator
+        path = self.out / CKPT_DIR / f"step-{self.step:07d}"
+        path.mkdir(parents=True, exist_ok=True)
+        rng = {"cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        torch.save(rng, path / f"rng-{acc.process_index}.pt")
+        if acc.is_main_process:
+            save_file(trainable_state(self.drafter), str(path / "trainable.safetensors"))
+            torch.save({"optimizer": self.optimizer.state_dict(),
+                        "scheduler": self.scheduler.state_dict()}, path / "optimizer.pt")
+            write_json(path / "state.json", {"step": self.step, "config": asdict(self.cfg)})
+        acc.wait_for_everyone()
+        return path
+
+    def load_checkpoint(self, path: Path) -> None:
+        state = json.loads((path / "state.json").read_text())
+        load_trainable_state(self.drafter, load_file(str(path / "trainable.safetensors")))
+        opt = torch.load(path / "optimizer.pt", weights_only=False)
+        self.optimizer.load_state_dict(opt["optimizer"])
+        self.scheduler.load_state_dict(opt["scheduler"])
+        rng_file = path / f"rng-{self.accelerator.process_index}.pt"
+        if rng_file.is_file():
+            rng = torch.load(rng_file, weights_only=False)
+            torch.set_rng_state(rng["cpu"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        self.step = int(state["step"])
+
+    # ---- one step -------------------------------------------------------------------------------
+    def _micro_batch(self, micro: int) -> WindowBatch:
+        cfg = self.cfg
+        gen = batch_generator(cfg.seed, self.step * cfg.grad_accum + micro,
+                              self.accelerator.process_index)
+        return sample_batch(self.train_data, self.eligible, cfg.batch_size, cfg.windows_per_seq,
+                            cfg.gamma, gen, soft=self.soft, min_context=cfg.min_context,
+                            max_length=self.max_length)
+
+    def _forward(self, batch: WindowBatch) -> tuple[torch.Tensor, Targets]:
+        """Logits [N, G, V_draft] of the batch's valid windows and their targets (drafter ids)."""
+        device = self.accelerator.device
+        logits = self.model(batch.input_ids.to(device), batch.starts.to(device), self.cfg.gamma)
+        logits = logits[batch.valid.to(device)]
+        t = batch.targets(self.vocab)
+        targets = Targets(t.tokens.to(device),
+                          None if t.topk_ids is None else t.topk_ids.to(device),
+                          None if t.topk_logprobs is None else t.topk_logprobs.to(device))
+        return logits, targets
+
+    def train_step(self) -> dict:
+        cfg, acc = self.cfg, self.accelerator
+        start = time.perf_counter()
+        total_loss, streak_sum, windows, tokens = 0.0, 0.0, 0, 0
+        for micro in range(cfg.grad_accum):
+            batch = self._micro_batch(micro)
+            last = micro == cfg.grad_accum - 1
+            ctx = acc.no_sync(self.model) if not last else contextlib.nullcontext()
+            with ctx, acc.autocast():
+                logits, targets = self._forward(batch)
+                loss = self.loss_fn(logits, targets, cfg.draft_temperature)
+                mean = loss.mean() / cfg.grad_accum
+                acc.backward(mean)
+            total_loss += float(mean.detach())
+            streak_sum += float(expected_streak_of(logits.detach(), targets,
+                                                   cfg.draft_temperature).sum())
+            windows += batch.num_windows
+            tokens += batch.input_ids.numel() + batch.num_windows * cfg.gamma
+        grad_norm = float("nan")
+        if cfg.max_grad_norm > 0:
+            grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        seconds = time.perf_counter() - start
+        if acc.num_processes > 1:  # log the mean over ranks, not rank 0's share
+            totals = acc.reduce(torch.tensor([total_loss, streak_sum, windows, tokens],
+                                             dtype=torch.float64, device=acc.device), "sum")
+            total_loss = float(totals[0]) / acc.num_processes
+            streak_sum, windows, tokens = float(totals[1]), int(totals[2]), int(totals[3])
+        return {"step": self.step, "loss": total_loss, "expected_streak": streak_sum / windows,
+                "lr": lr, "grad_norm": float(grad_norm), "windows": windows,
+                "tokens_per_s": tokens / seconds, "seconds": seconds}
+
+    # ---- held-out measure (drafter only; `eval` adds the verifier) -----------------------------
+    @torch.no_grad()
+    def heldout_streak(self) -> float | None:
+        """Mean sum_j prod q_k(x_k) on held-out verifier windows: the expected accepted length."""
+        cfg = self.cfg
+        if len(self.heldout) == 0:
+            return None
+        try:
+            chosen = eval_windows(self.heldout, cfg.gamma, cfg.windows_per_seq, cfg.eval_windows,
+                                  cfg.min_context, self.max_length, cfg.seed)
+        except ValueError:
+            return None
+        was_training = self.drafter.training
+        self.drafter.eval()
+        total, count = 0.0, 0
+        for lo in range(0, len(chosen), cfg.batch_size):
+            part = chosen[lo:lo + cfg.batch_size]
+            batch = make_batch(self.heldout, [i for i, _ in part], [s for _, s in part], cfg.gamma)
+            with self.accelerator.autocast():
+                logits, targets = self._forward(batch)
+            total += float(expected_streak_of(logits, targets, cfg.draft_temperature).sum())
+            count += batch.num_windows
+        self.drafter.train(was_training)
+        return total / count
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg, acc = self.cfg, self.accelerator
+        self.out.mkdir(parents=True, exist_ok=True)
+        latest = _latest_checkpoint(self.out)
+        if latest is not None and not cfg.resume:
+            raise ValueError(f"--output {self.out} holds checkpoints of an earlier run; resume it "
+                             f"(drop --no-resume) or use a new --output")
+        if latest is not None:
+            _check_same_run(latest, cfg)
+            self.load_checkpoint(latest)
+            log.info("resumed from %s", latest)
+        elif acc.is_main_process:
+            (self.out / LOG_FILE).unlink(missing_ok=True)
+        if acc.is_main_process:
+            write_json(self.out / "train_config.json", asdict(cfg))
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train ({cfg.loss})", unit="step",
+                   disable=not acc.is_main_process)
+        record: dict = {}
+        while self.step < cfg.steps:
+            record = self.train_step()
+            if cfg.eval_every and self.step % cfg.eval_every == 0:
+                record["heldout_expected_streak"] = self.heldout_streak()
+            if acc.is_main_process:
+                with (self.out / LOG_FILE).open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", streak=f"{record['expected_streak']:.3f}",
+                            tok_s=f"{record['tokens_per_s']:.0f}")
+            if self.step % cfg.save_every == 0 or self.step == cfg.steps:
+                self.save_checkpoint()
+        bar.close()
+        return self.finish()
+
+    def finish(self) -> dict:
+        """Write the artifact the proposer loads, plus a summary with the held-out streak."""
+        cfg, acc = self.cfg, self.accelerator
+        summary = {"steps": self.step, "loss": cfg.loss, "trainable_parameters": self.num_trainable,
+                   "heldout_expected_streak": self.heldout_streak()}
+        if acc.is_main_process:
+            if self.lora_config is not None:
+                path = save_adapter(self.drafter, self.lora_config, self.out / ADAPTER_DIR,
+                                    cfg.drafter or cfg.init_from)
+                base = self.out / "base"
+                if cfg.init_from is not None or cfg.init_lora is not None:
+                    # The adapter applies to the drafter as initialised: ship that base with it.
+                    _save_base_without_lora(self.drafter, base)
+                    copy_tokenizer(_tokenizer_source(cfg), base)
+                    summary["base"] = str(base)
+                else:
+                    summary["base"] = cfg.drafter
+                summary["adapter"] = str(path)
+            else:
+                summary["model"] = str(save_full(self.drafter, self.out / MODEL_DIR))
+                copy_tokenizer(_tokenizer_source(cfg), self.out / MODEL_DIR)
+            write_json(self.out / "train_summary.json", summary)
+        acc.wait_for_everyone()
+        return summary
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
+
+
+def copy_tokenizer(source: str | None, dest: Path) -> None:
+    """Keep the tokenizer beside saved weights so later runs can check data against it."""
+    if source is None:
+        return
+    for name in TOKENIZER_FILES:
+        if (Path(source) / name).is_file():
+            shutil.copy(Path(source) / name, Path(dest) / name)
+
+
+def _save_base_without_lora(drafter: torch.nn.Module, path: Path) -> None:
+    """Save the drafter's base weights (LoRA layers unwrapped, not merged)."""
+    import copy
+
+    from peft.tuners.lora import LoraLayer
+
+    clone = copy.deepcopy(drafter)
+    for name, module in list(clone.named_modules()):
+        if isinstance(module, LoraLayer):
+            parent_name, _, child = name.rpartition(".")
+            parent = clone.get_submodule(parent_name) if parent_name else clone
+            setattr(parent, child, module.get_base_layer())
+    save_full(clone, path)
+
+
+def run_train(cfg: TrainConfig) -> dict:
+    return Trainer(cfg).run()
