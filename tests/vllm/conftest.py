@@ -1,0 +1,23 @@
+"""Shared tiny models for the vLLM tests (written once per session)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from tests.vllm.tiny_models import write_tiny_drafter, write_tiny_verifier  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_verifier(tmp_path_factory: pytest.TempPathFactory):
+    return write_tiny_verifier(tmp_path_factory.mktemp("tiny") / "verifier")
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter(tiny_verifier, tmp_path_factory: pytest.TempPathFactory):
+    """Full-depth drafter: draft token 1 equals the verifier's greedy token."""
+    return write_tiny_drafter(tiny_verifier, tmp_path_factory.mktemp("tiny") / "drafter")
+

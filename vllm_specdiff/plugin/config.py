@@ -1,0 +1,131 @@
+"""The drafter's own settings, read from vLLM's `additional_config["specdiff"]`.
+
+vLLM rejects unknown keys inside `speculative_config`, so everything that is ours travels in
+`--additional-config '{"specdiff": {...}}'`. Every option is checked here, at start-up, with an
+error that names it: a typo must fail loudly instead of silently running with a default.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+SECTION = "specdiff"
+
+
+@dataclass(frozen=True)
+class SpecDiffConfig:
+    """Settings of the diffusion drafter inside vLLM (all optional).
+
+    drafter: drafter directory; None uses the default drafter (`vllm-specdiff models`).
+    lora: PEFT adapter directory merged into the drafter at load time.
+    temperature: drafter sampling temperature T_d (0: argmax drafts). With one draft per step
+      (K = 1) sampling only lowers acceptance, so the default is argmax; T_d matters once
+      self-selection over K > 1 drafts is used (the paper uses 1.5).
+    top_k: keep only the top-k drafter logits per position before sampling (None: all).
+    steps: denoising steps per draft (the paper uses 1).
+    context_window: trailing context tokens the drafter sees (None: the whole context). The
+      block-causal drafter caches the context encoding, so a window only saves work for formats
+      that re-encode the context every step.
+    seed: seed of the drafter's sampling generator (drafts, hence runs, are reproducible).
+    cache_size: per-sequence KV-cache entries the block-causal drafter keeps (None: twice
+      `max_num_seqs`, at least 16). Bounded: least recently used entries are dropped.
+    log_interval: seconds between the drafter's log lines (0 disables them).
+    """
+
+    drafter: str | None = None
+    lora: str | None = None
+    temperature: float = 0.0
+    top_k: int | None = None
+    steps: int = 1
+    context_window: int | None = None
+    seed: int = 0
+    cache_size: int | None = None
+    log_interval: float = 10.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+OPTIONS = tuple(SpecDiffConfig.__dataclass_fields__)
+
+
+def _opt(name: str) -> str:
+    return f"additional_config[{SECTION!r}][{name!r}]"
+
+
+def _int(name: str, value: Any, minimum: int, allow_none: bool = False) -> int | None:  # noqa: ANN401
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{_opt(name)} must be an integer >= {minimum}"
+                         f"{' or null' if allow_none else ''}, got {value!r}")
+    return value
+
+
+def _number(name: str, value: Any, minimum: float) -> float:  # noqa: ANN401
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value < minimum:
+        raise ValueError(f"{_opt(name)} must be a finite number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def _directory(name: str, value: Any) -> str | None:  # noqa: ANN401
+    if value is None:
+        return None
+    if not isinstance(value, str | Path) or not str(value):
+        raise ValueError(f"{_opt(name)} must be a directory path, got {value!r}")
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"{_opt(name)}: directory {str(path)!r} does not exist")
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"{_opt(name)}: {str(path)!r} has no config.json "
+                                "(expected a drafter or LoRA adapter directory)")
+    return str(path)
+
+
+def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> SpecDiffConfig:  # noqa: ANN401
+    """Validate `additional_config` (a dict, a JSON string or None) and return our settings.
+
+    `gamma` (num_speculative_tokens), when given, bounds `steps`.
+    """
+    if additional_config is None:
+        additional_config = {}
+    if isinstance(additional_config, str):
+        try:
+            additional_config = json.loads(additional_config)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"--additional-config is not valid JSON: {e}") from e
+    if not isinstance(additional_config, dict):
+        raise ValueError(f"additional_config must be a JSON object, got {additional_config!r}")
+    section = additional_config.get(SECTION, {})
+    if section is None:
+        section = {}
+    if not isinstance(section, dict):
+        raise ValueError(f"additional_config[{SECTION!r}] must be a JSON object, got {section!r}")
+    unknown = sorted(set(section) - set(OPTIONS))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} in additional_config[{SECTION!r}]; "
+                         f"valid options: {list(OPTIONS)}")
+    defaults = SpecDiffConfig()
+    get = section.get
+    steps = _int("steps", get("steps", defaults.steps), 1)
+    if gamma is not None and steps > gamma:
+        raise ValueError(f"{_opt('steps')}={steps} exceeds num_speculative_tokens={gamma}")
+    top_k = _int("top_k", get("top_k", defaults.top_k), 1, allow_none=True)
+    return SpecDiffConfig(
+        drafter=_directory("drafter", get("drafter", defaults.drafter)),
+        lora=_directory("lora", get("lora", defaults.lora)),
+        temperature=_number("temperature", get("temperature", defaults.temperature), 0.0),
+        top_k=top_k,
+        steps=steps,
+        context_window=_int("context_window", get("context_window", defaults.context_window), 1,
+                            allow_none=True),
+        seed=_int("seed", get("seed", defaults.seed), 0),
+        cache_size=_int("cache_size", get("cache_size", defaults.cache_size), 1,
+                        allow_none=True),
+        log_interval=_number("log_interval", get("log_interval", defaults.log_interval), 0.0),
+    )
