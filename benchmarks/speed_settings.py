@@ -47,8 +47,8 @@ def measure(max_tokens: int, prompts: int) -> dict[str, float]:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from benchmarks.prompts import load_prompts, render_chat
     from vllm_specdiff.models import prepare_verifier
+    from vllm_specdiff.prompts import load_prompts, render_chat
 
     llm = LLM(model=str(prepare_verifier()), dtype="float32", max_model_len=1024,
               max_num_seqs=4, kv_cache_memory_bytes=256 * 2**20, enforce_eager=True, seed=0)

@@ -27,7 +27,7 @@ from training.data import (
     write_meta,
     write_shard,
 )
-from training.prompts import encode_prompt, read_prompts
+from vllm_specdiff.prompts import encode_prompt, read_prompts
 
 log = logging.getLogger(__name__)
 
@@ -252,7 +252,8 @@ def run_generate(cfg: GenerateConfig, backend: Backend | None = None) -> dict:
     out_dir = Path(cfg.output)
     tokenizer = AutoTokenizer.from_pretrained(cfg.verifier)
     prompts = read_prompts(Path(cfg.prompts), cfg.max_prompts)
-    encoded = [encode_prompt(tokenizer, p, cfg.chat_template, cfg.max_prompt_tokens)
+    encoded = [encode_prompt(tokenizer, p, "auto" if cfg.chat_template else "never",
+                             cfg.max_prompt_tokens)
                for p in prompts]
     meta = {k: v for k, v in asdict(cfg).items() if k in _DATA_KEYS}
     meta.update(format=FORMAT, tokenizer_fingerprint=tokenizer_fingerprint(tokenizer),

@@ -40,10 +40,17 @@ def test_generate_jsonl_matches_plain_decoding(tmp_path, tiny_verifier, tiny_dra
 
 
 def test_generate_rejects_bad_input(tmp_path, tiny_verifier, tiny_drafter):
-    (tmp_path / "prompts.jsonl").write_text('{"question": "no prompt field"}\n')
-    cmd = [sys.executable, "-m", "vllm_specdiff.cli", "--no-speed-env", "generate",
-           "--input", str(tmp_path / "prompts.jsonl"), "--output", str(tmp_path / "o.jsonl"),
-           "--model", str(tiny_verifier), "--drafter", str(tmp_path / "missing")]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    def run(record: str, drafter) -> subprocess.CompletedProcess:
+        (tmp_path / "prompts.jsonl").write_text(record + "\n")
+        cmd = [sys.executable, "-m", "vllm_specdiff.cli", "--no-speed-env", "generate",
+               "--input", str(tmp_path / "prompts.jsonl"), "--output", str(tmp_path / "o.jsonl"),
+               "--model", str(tiny_verifier), "--drafter", str(drafter)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+    # the input file is checked first, before any engine starts, with file and line
+    proc = run('{"question": "no prompt field"}', tiny_drafter)
+    assert proc.returncode == 2
+    assert "prompts.jsonl:1: a record needs 'messages'" in proc.stderr
+    proc = run('{"prompt": "hi"}', tmp_path / "missing")
     assert proc.returncode == 2
     assert "'drafter'" in proc.stderr

@@ -21,22 +21,19 @@ USES_VLLM = True
 
 
 def _prompt_ids(tokenizer: Any, record: dict[str, Any], chat: str, where: str) -> list[int]:  # noqa: ANN401
-    from benchmarks.prompts import record_to_messages, render_chat
+    from vllm_specdiff.prompts import encode_prompt, record_to_prompt
 
-    messages = record_to_messages(record, where)
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    if chat == "always" and not has_template:
-        raise ValueError("--chat always: the model's tokenizer has no chat template")
-    if "messages" in record or (chat != "never" and has_template):
-        return render_chat(tokenizer, messages)
-    return list(tokenizer.encode(messages[0]["content"]))
+    try:
+        return encode_prompt(tokenizer, record_to_prompt(record, where), chat)
+    except ValueError as e:
+        raise ValueError(f"--chat {chat}, {where}: {e}") from None
 
 
 def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from benchmarks.prompts import read_jsonl
     from vllm_specdiff.commands.common import build_llm, resolve_model
+    from vllm_specdiff.prompts import read_jsonl
 
     records = read_jsonl(args.input)
     if not records:
