@@ -24,6 +24,16 @@ PIP=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" --no-deps -r "$ROOT/requirements/assets.txt"
 "${PIP[@]}" -r "$ROOT/requirements/dev.txt" -c "$ROOT/requirements/constraints-cpu.txt"
 "${PIP[@]}" --no-deps -e "$ROOT"
+# vLLM's CPU backend recommends tcmalloc in LD_PRELOAD (the CLI preloads it when present).
+# Best effort: only as root with apt-get, and never fatal.
+if ! ldconfig -p 2>/dev/null | grep -q libtcmalloc_minimal.so.4; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    { apt-get update -qq && apt-get install -y -qq libtcmalloc-minimal4; } >/dev/null 2>&1 \
+      || echo "[setup] could not install libtcmalloc-minimal4; continuing without it" >&2
+  else
+    echo "[setup] tcmalloc not found (Debian: apt-get install libtcmalloc-minimal4); optional" >&2
+  fi
+fi
 rm -f "$VENV"/.specdiff-setup-*
 touch "$STAMP"
 echo "[setup] environment ready: $VENV" >&2
