@@ -1,6 +1,7 @@
 # The two entry points of the README. Both build (or reuse) the environment first.
-VENV ?= .venv
-export SPECDIFF_VENV := $(abspath $(VENV))
+# SPECDIFF_VENV=DIR puts the virtual environment elsewhere (default: .venv in this checkout).
+SPECDIFF_VENV ?= $(CURDIR)/.venv
+export SPECDIFF_VENV
 BIN := $(SPECDIFF_VENV)/bin
 
 .PHONY: setup demo test lint
