@@ -194,20 +194,20 @@ def load_sequences(data_dir: Path) -> SequenceData:
         meta=meta)
 
 
-def split_heldout(data: SequenceData, fraction: float, seed: int = 0
-                  ) -> tuple[SequenceData, SequenceData]:
+def split_heldout(data: SequenceData, fraction: float) -> tuple[SequenceData, SequenceData]:
     """Split by prompt (never by sample) so held-out windows share no prompt with training ones.
 
-    The split is a pure function of (prompt index, seed), so `train` and `eval` agree on it.
+    The split is a pure function of the prompt index alone (not of any run's --seed), so `train`
+    and `eval` always agree on it whatever seeds they were given.
     """
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"--heldout-fraction must be in [0, 1), got {fraction}")
-    held = [i for i in range(len(data)) if _heldout(int(data.prompt_index[i]), fraction, seed)]
+    held = [i for i in range(len(data)) if _heldout(int(data.prompt_index[i]), fraction)]
     held_set = set(held)
     train = [i for i in range(len(data)) if i not in held_set]
     return data.subset(train), data.subset(held)
 
 
-def _heldout(prompt_index: int, fraction: float, seed: int) -> bool:
-    digest = hashlib.sha256(f"{seed}:{prompt_index}".encode()).digest()
+def _heldout(prompt_index: int, fraction: float) -> bool:
+    digest = hashlib.sha256(f"heldout:{prompt_index}".encode()).digest()
     return int.from_bytes(digest[:8], "little") / 2**64 < fraction

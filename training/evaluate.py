@@ -121,8 +121,7 @@ class Evaluator:
         data = load_sequences(Path(cfg.data))
         tok = AutoTokenizer.from_pretrained(cfg.verifier)
         check_fingerprint(data.meta, tokenizer_fingerprint(tok), f"--verifier {cfg.verifier}")
-        self.data = data if cfg.split == "all" else split_heldout(data, cfg.heldout_fraction,
-                                                                  cfg.seed)[1]
+        self.data = data if cfg.split == "all" else split_heldout(data, cfg.heldout_fraction)[1]
         self.windows = eval_windows(self.data, cfg.gamma, cfg.windows_per_seq, cfg.max_windows,
                                     seed=cfg.seed)
         self.verifier = AutoModelForCausalLM.from_pretrained(cfg.verifier, dtype=torch.float32)

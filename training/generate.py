@@ -137,9 +137,12 @@ class TransformersBackend:
         cfg = self.cfg
         torch.manual_seed(seed)
         sampling = cfg.temperature > 0
+        # Explicit neutral values: None would let the model's own generation_config (top_p,
+        # repetition_penalty, ...) and transformers' top_k=50 default distort x ~ P.
         gen_cfg = GenerationConfig(
             max_new_tokens=cfg.max_new_tokens, do_sample=sampling,
-            temperature=cfg.temperature if sampling else None, top_k=None, top_p=None,
+            temperature=cfg.temperature if sampling else None, top_k=0, top_p=1.0, min_p=None,
+            typical_p=1.0, repetition_penalty=1.0,
             num_return_sequences=cfg.num_samples, return_dict_in_generate=True,
             output_logits=cfg.top_logprobs > 0, pad_token_id=self.pad_id,
             eos_token_id=sorted(self.eos_ids) or None)

@@ -86,6 +86,21 @@ def test_lora_mismatch_errors(dream_dir, tmp_path):
         load_drafter(dream_dir, lora=tmp_path / "missing")
 
 
+def test_lora_bias_adapter_is_refused_not_silently_dropped(dream_dir, tmp_path):
+    import json
+
+    torch.manual_seed(0)
+    get_peft_model(load_drafter(dream_dir), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj"], init_lora_weights=False,
+        lora_bias=True)).save_pretrained(tmp_path / "adapter")
+    with pytest.raises(ValueError, match="lora_bias"):
+        load_drafter(dream_dir, lora=tmp_path / "adapter")
+    config = tmp_path / "adapter" / "adapter_config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "lora_bias": False}))
+    with pytest.raises(ValueError, match="LoRA bias"):  # the weights alone give it away
+        load_drafter(dream_dir, lora=tmp_path / "adapter")
+
+
 def test_d2t_round_trip_and_build():
     counts = torch.tensor([5, 0, 9, 9, 1, 0, 3, 7])
     d2t = build_d2t(counts, size=4, always_include=[1], exclude=[3])

@@ -97,11 +97,22 @@ def test_greedy_data_windows_align_targets_and_soft_targets(tmp_path, verifier_d
 
 def test_heldout_split_is_by_prompt_and_deterministic(data_dir):
     data = load_sequences(data_dir)
-    train, held = split_heldout(data, 0.25, seed=0)
+    train, held = split_heldout(data, 0.25)
     assert len(train) + len(held) == len(data) and len(held) > 0
     assert not set(train.prompt_index.tolist()) & set(held.prompt_index.tolist())
-    again = split_heldout(data, 0.25, seed=0)[1]
+    again = split_heldout(data, 0.25)[1]
     assert torch.equal(again.prompt_index, held.prompt_index)
+
+
+def test_train_and_eval_hold_out_the_same_prompts_whatever_their_seeds(tmp_path, data_dir,
+                                                                         verifier_dir):
+    from training.evaluate import EvalConfig, Evaluator
+
+    trainer_held = split_heldout(load_sequences(data_dir), 0.25)[1]
+    cfg = EvalConfig(data=str(data_dir), verifier=str(verifier_dir), gamma=GAMMA,
+                     candidates=[str(verifier_dir)], output=str(tmp_path / "eval.json"),
+                     heldout_fraction=0.25, seed=7)
+    assert torch.equal(Evaluator(cfg).data.prompt_index, trainer_held.prompt_index)
 
 
 def test_resume_continues_with_bit_identical_losses(tmp_path, data_dir, verifier_dir):
@@ -289,3 +300,20 @@ def test_training_imports_without_vllm():
             "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_transformers_backend_samples_from_p_not_the_models_generation_config(
+        tmp_path, verifier_dir, prompts_file):
+    """A verifier shipping top_k=1 in generation_config.json must not turn x ~ P into greedy."""
+    verifier = tmp_path / "verifier"
+    shutil.copytree(verifier_dir, verifier)
+    (verifier / "generation_config.json").write_text(json.dumps(
+        {"do_sample": True, "top_k": 1, "repetition_penalty": 1.5}))
+    _generate(verifier, prompts_file, tmp_path / "data", num_samples=16, max_new_tokens=1,
+              top_logprobs=0, max_prompts=2)
+    data = load_sequences(tmp_path / "data")
+    firsts: dict[int, set[int]] = {}
+    for i in range(len(data)):
+        seq = data.sequence(i)
+        firsts.setdefault(int(data.prompt_index[i]), set()).add(int(seq[data.prompt_lens[i]]))
+    assert max(len(tokens) for tokens in firsts.values()) > 1

@@ -72,6 +72,21 @@ def test_serve_checks_options_before_starting(capsys):
     code = serve(["m", f"--speculative-config={spec}",
                   "--additional-config", json.dumps({"specdiff": {"temperature": -1}})])
     assert code == 2 and "'temperature'" in capsys.readouterr().err
+    code = serve(["m", "-sc", spec, "--additional-config", bad])  # vLLM's short spelling
+    assert code == 2 and "'drafter'" in capsys.readouterr().err
+
+
+def test_serve_precheck_accepts_every_speculative_config_spelling():
+    from vllm_specdiff.commands.serve import check_specdiff_args
+
+    good = json.dumps({"specdiff": {"temperature": 0}})
+    spec = json.dumps({"model": "vllm_specdiff.SpecDiffProposer", "num_speculative_tokens": 4})
+    for argv in (["-sc", spec], [f"-sc={spec}"], ["--speculative-config", spec],
+                 ["--speculative-config.model", "vllm_specdiff.SpecDiffProposer",
+                  "--speculative-config.num_speculative_tokens", "4"]):
+        check_specdiff_args([*argv, "--additional-config", good])  # must not raise
+    with pytest.raises(ValueError, match="does not use model"):
+        check_specdiff_args(["--additional-config", good])
 
 
 def test_serve_inserts_default_model_only_when_missing(monkeypatch, tmp_path):
@@ -155,3 +170,44 @@ def test_cpu_fix_survives_a_later_engine(tiny_verifier):
     LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=2**20,
         enforce_eager=True, dtype="float32")
     assert dispatcher._registry[KERNEL][1] is expand_any_dtype
+
+
+def _proposer(drafter, max_model_len: int, gamma: int = 4, **options):
+    """SpecDiffProposer as vLLM constructs it, with only the config fields it reads."""
+    from types import SimpleNamespace
+
+    from vllm_specdiff.drafter import load_drafter
+    from vllm_specdiff.plugin.proposer import SpecDiffProposer
+
+    vocab = load_drafter(str(drafter)).vocab_size
+    cfg = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=gamma),
+        additional_config={"specdiff": {"drafter": str(drafter), "log_interval": 0, **options}},
+        model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: vocab,
+                                     tokenizer=None),
+        scheduler_config=SimpleNamespace(max_num_seqs=4))
+    return SpecDiffProposer(cfg)
+
+
+def test_drafter_too_short_for_max_model_len_fails_at_load(tiny_drafter):
+    from vllm_specdiff.drafter import load_drafter
+
+    limit = load_drafter(str(tiny_drafter)).max_positions
+    ok = _proposer(tiny_drafter, limit)
+    ok.load_model(None)
+    assert ok.drafter.max_positions == limit
+    too_long = _proposer(tiny_drafter, 2 * limit)
+    with pytest.raises(ValueError, match="context_window'\\] <= "):
+        too_long.load_model(None)
+    windowed = _proposer(tiny_drafter, 2 * limit, context_window=limit - 4)
+    windowed.load_model(None)
+    wide = _proposer(tiny_drafter, 2 * limit, context_window=limit - 3)
+    with pytest.raises(ValueError, match="exceeds the drafter's"):
+        wide.load_model(None)
+
+
+def test_drafter_option_needs_a_drafter_directory(tmp_path):
+    (tmp_path / "adapter_config.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="has no config.json"):
+        parse_specdiff_config({"specdiff": {"drafter": str(tmp_path)}})
+    assert parse_specdiff_config({"specdiff": {"lora": str(tmp_path)}}).lora == str(tmp_path)

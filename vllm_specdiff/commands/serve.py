@@ -25,19 +25,21 @@ USES_VLLM = True
 DEFAULT_CPU_KV_CACHE_GIB = "1"
 
 
-def _option_values(argv: list[str], name: str) -> list[str]:
-    """Values of `--name VALUE` / `--name=VALUE` in argv."""
+def _option_values(argv: list[str], *names: str) -> list[str]:
+    """Values of `--name VALUE` / `--name=VALUE` in argv, for any of the option's spellings."""
     values = []
     for i, arg in enumerate(argv):
-        if arg == name and i + 1 < len(argv):
-            values.append(argv[i + 1])
-        elif arg.startswith(name + "="):
-            values.append(arg.split("=", 1)[1])
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                values.append(argv[i + 1])
+            elif arg.startswith(name + "="):
+                values.append(arg.split("=", 1)[1])
     return values
 
 
-def _json_option(argv: list[str], name: str) -> dict | None:
-    values = _option_values(argv, name)
+def _json_option(argv: list[str], *names: str) -> dict | None:
+    name = names[0]
+    values = _option_values(argv, *names)
     if not values:
         return None
     try:
@@ -53,7 +55,9 @@ def check_specdiff_args(argv: list[str]) -> None:
     """Validate our options now if the speculative model is the SpecDiff proposer."""
     from vllm_specdiff.plugin.config import parse_specdiff_config
 
-    spec = _json_option(argv, "--speculative-config")
+    if any(arg.startswith(("--speculative-config.", "-sc.")) for arg in argv):
+        return  # dotted sub-options: vLLM assembles them; the proposer validates at start-up
+    spec = _json_option(argv, "--speculative-config", "-sc")
     additional = _json_option(argv, "--additional-config")
     if spec is None or spec.get("model") != PROPOSER_PATH:
         if additional and "specdiff" in additional:

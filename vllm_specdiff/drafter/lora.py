@@ -67,6 +67,9 @@ def merge_lora(drafter: nn.Module, adapter_dir: str | Path) -> list[str]:
         raise ValueError(f"adapter {source!r} uses DoRA, which is not supported")
     if cfg.get("fan_in_fan_out"):
         raise ValueError(f"adapter {source!r} sets fan_in_fan_out, which is not supported")
+    if cfg.get("lora_bias"):
+        raise ValueError(f"adapter {source!r} sets lora_bias, which is not supported (the "
+                         "drafter's projections have no bias to merge it into)")
     lora: dict[str, dict[str, torch.Tensor]] = {}
     full: dict[str, torch.Tensor] = {}
     for key, tensor in tensors.items():
@@ -76,6 +79,9 @@ def merge_lora(drafter: nn.Module, adapter_dir: str | Path) -> list[str]:
                 name = name[len(prefix):]
                 break
         m = _LORA_KEY.match(name)
+        if m and m.group(3) == ".bias":
+            raise ValueError(f"adapter {source!r} holds a LoRA bias ({key}), which is not "
+                             "supported")
         if m:
             lora.setdefault(m.group(1), {})[m.group(2)] = tensor
         else:

@@ -73,7 +73,9 @@ def _number(name: str, value: Any, minimum: float) -> float:  # noqa: ANN401
     return float(value)
 
 
-def _directory(name: str, value: Any) -> str | None:  # noqa: ANN401
+def _directory(name: str, value: Any, marker: str, kind: str) -> str | None:  # noqa: ANN401
+    """A directory path that holds `marker` (config.json for drafters, adapter_config.json
+    for LoRA adapters)."""
     if value is None:
         return None
     if not isinstance(value, str | Path) or not str(value):
@@ -81,9 +83,9 @@ def _directory(name: str, value: Any) -> str | None:  # noqa: ANN401
     path = Path(value).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"{_opt(name)}: directory {str(path)!r} does not exist")
-    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"{_opt(name)}: {str(path)!r} has no config.json "
-                                "(expected a drafter or LoRA adapter directory)")
+    if not (path / marker).is_file():
+        raise FileNotFoundError(f"{_opt(name)}: {str(path)!r} has no {marker} "
+                                f"(expected a {kind} directory)")
     return str(path)
 
 
@@ -117,8 +119,9 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
         raise ValueError(f"{_opt('steps')}={steps} exceeds num_speculative_tokens={gamma}")
     top_k = _int("top_k", get("top_k", defaults.top_k), 1, allow_none=True)
     return SpecDiffConfig(
-        drafter=_directory("drafter", get("drafter", defaults.drafter)),
-        lora=_directory("lora", get("lora", defaults.lora)),
+        drafter=_directory("drafter", get("drafter", defaults.drafter), "config.json", "drafter"),
+        lora=_directory("lora", get("lora", defaults.lora), "adapter_config.json",
+                        "PEFT LoRA adapter"),
         temperature=_number("temperature", get("temperature", defaults.temperature), 0.0),
         top_k=top_k,
         steps=steps,

@@ -94,12 +94,31 @@ class SpecDiffProposer:
             context_window=self.config.context_window,
             verifier_vocab_size=self.verifier_vocab_size, cache_size=self.cache_size,
             verifier_tokenizer=self.verifier_tokenizer)
+        self._check_positions()
         self.drafter_path = path
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(self.config.seed)
         _logger().info("SpecDiff drafter %s loaded (gamma=%d, T_d=%s, steps=%d, cache=%d)",
                        path, self.gamma, self.config.temperature, self.config.steps,
                        self.cache_size)
+
+    def _check_positions(self) -> None:
+        """Fail at start-up, not mid-run, when a long request would not fit the drafter.
+
+        vLLM only asks for drafts while context + gamma <= max_model_len, so the drafter must
+        cover max_model_len positions, or context_window + gamma of them.
+        """
+        limit = int(self.drafter.max_positions)
+        window = self.config.context_window
+        if window is None and self.max_model_len > limit:
+            raise ValueError(
+                f"the drafter supports {limit} positions but max_model_len is "
+                f"{self.max_model_len}: lower --max-model-len to {limit} or set "
+                f"additional_config['specdiff']['context_window'] <= {limit - self.gamma}")
+        if window is not None and window + self.gamma > limit:
+            raise ValueError(
+                f"additional_config['specdiff']['context_window'] = {window} plus "
+                f"num_speculative_tokens = {self.gamma} exceeds the drafter's {limit} positions")
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, slot_mappings: Any = None,  # noqa: ANN401
