@@ -13,7 +13,6 @@ import contextlib
 import json
 import logging
 import math
-import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,6 +45,7 @@ from training.windows import (
     make_batch,
     sample_batch,
 )
+from vllm_specdiff.drafter.vocab import copy_tokenizer_files
 
 log = logging.getLogger(__name__)
 
@@ -394,30 +394,17 @@ class Trainer:
                 if cfg.init_from is not None or cfg.init_lora is not None:
                     # The adapter applies to the drafter as initialised: ship that base with it.
                     _save_base_without_lora(self.drafter, base)
-                    copy_tokenizer(_tokenizer_source(cfg), base)
+                    copy_tokenizer_files(_tokenizer_source(cfg), base)
                     summary["base"] = str(base)
                 else:
                     summary["base"] = cfg.drafter
                 summary["adapter"] = str(path)
             else:
                 summary["model"] = str(save_full(self.drafter, self.out / MODEL_DIR))
-                copy_tokenizer(_tokenizer_source(cfg), self.out / MODEL_DIR)
+                copy_tokenizer_files(_tokenizer_source(cfg), self.out / MODEL_DIR)
             write_json(self.out / "train_summary.json", summary)
         acc.wait_for_everyone()
         return summary
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.json", "merges.txt", "tokenizer.model", "chat_template.jinja")
-
-
-def copy_tokenizer(source: str | None, dest: Path) -> None:
-    """Keep the tokenizer beside saved weights so later runs can check data against it."""
-    if source is None:
-        return
-    for name in TOKENIZER_FILES:
-        if (Path(source) / name).is_file():
-            shutil.copy(Path(source) / name, Path(dest) / name)
 
 
 def _save_base_without_lora(drafter: torch.nn.Module, path: Path) -> None:

@@ -10,7 +10,6 @@ shifted (Dream) reads position L+j-1, unshifted (LLaDA) reads L+j.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -20,7 +19,7 @@ from torch import nn
 from .base import Drafter
 from .checkpoint import load_into, parse_dtype
 from .stack import DecoderStack, make_config
-from .vocab import TOKENIZER_FILES
+from .vocab import copy_tokenizer_files
 
 
 class BidirectionalDrafter(Drafter):
@@ -80,9 +79,7 @@ class BidirectionalDrafter(Drafter):
         save_file(self._export_state(state), str(path / "model.safetensors"),
                   metadata={"format": "pt"})
         if self.source_dir is not None and self.source_dir.resolve() != path.resolve():
-            for name in TOKENIZER_FILES:
-                if (self.source_dir / name).is_file():
-                    shutil.copyfile(self.source_dir / name, path / name)
+            copy_tokenizer_files(self.source_dir, path)
 
     def _run(self, rows: list[torch.Tensor], gamma: int,
              blocks: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,6 @@ as a new input row (id = verifier vocab size), so it can never be proposed.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,7 @@ from .base import Drafter
 from .checkpoint import load_into, parse_dtype, read_config, read_weights
 from .kv_pool import KVEntry, KVPool
 from .stack import ARCHS, CollectingCache, DecoderStack, make_config
-from .vocab import TOKENIZER_FILES
+from .vocab import copy_tokenizer_files
 
 MODEL_TYPE = "specdiff_block_causal"
 SUPPORTED_BASES = tuple(ARCHS)
@@ -152,9 +151,7 @@ class BlockCausalDrafter(Drafter):
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
         if self.source_dir is not None and self.source_dir.resolve() != path.resolve():
-            for name in TOKENIZER_FILES:
-                if (self.source_dir / name).is_file():
-                    shutil.copyfile(self.source_dir / name, path / name)
+            copy_tokenizer_files(self.source_dir, path)
 
     # ---- cache ----------------------------------------------------------------------------------
     def clear_cache(self) -> None:

@@ -9,6 +9,7 @@ those ids). The table is stored beside the weights as `d2t.safetensors`.
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -112,7 +113,17 @@ def apply_reduced_vocab(drafter: nn.Module, d2t: torch.Tensor) -> None:
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model")
+                   "vocab.json", "merges.txt", "added_tokens.json", "tokenizer.model",
+                   "chat_template.jinja")
+
+
+def copy_tokenizer_files(source: str | Path | None, dest: str | Path) -> None:
+    """Keep the tokenizer beside saved weights, so later loads and data checks can find it."""
+    if source is None:
+        return
+    for name in TOKENIZER_FILES:
+        if (Path(source) / name).is_file():
+            shutil.copyfile(Path(source) / name, Path(dest) / name)
 
 
 def read_vocab(tokenizer_dir: str | Path) -> dict[str, int] | None:
