@@ -359,6 +359,8 @@ class Trainer:
             _check_same_run(latest, cfg)
             self.load_checkpoint(latest)
             log.info("resumed from %s", latest)
+            if acc.is_main_process:
+                _truncate_log(self.out / LOG_FILE, self.step)
         elif acc.is_main_process:
             (self.out / LOG_FILE).unlink(missing_ok=True)
         if acc.is_main_process:
@@ -405,6 +407,15 @@ class Trainer:
             write_json(self.out / "train_summary.json", summary)
         acc.wait_for_everyone()
         return summary
+
+
+def _truncate_log(path: Path, step: int) -> None:
+    """Drop log records past the checkpoint we resume from: those steps are run again."""
+    if not path.is_file():
+        return
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step]
+    path.write_text("".join(line + "\n" for line in kept))
 
 
 def _save_base_without_lora(drafter: torch.nn.Module, path: Path) -> None:

@@ -125,9 +125,12 @@ def test_resume_continues_with_bit_identical_losses(tmp_path, data_dir, verifier
     (part / "checkpoints").mkdir(parents=True)
     shutil.copytree(tmp_path / "full" / "checkpoints" / "step-0000002",
                     part / "checkpoints" / "step-0000002")
+    # it had logged step 3 before dying; resuming from step 2 must not log step 3 twice
+    (part / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in full_log[:3]))
     resumed = run_train(_train_cfg(data_dir, part, verifier_dir, lora_dropout=0.2, grad_accum=2))
     part_log = [json.loads(x) for x in (part / "log.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in part_log] == [3, 4]
+    assert [r["step"] for r in part_log] == [1, 2, 3, 4]
+    part_log = part_log[2:]
     for a, b in zip(full_log[2:], part_log, strict=True):
         assert a["loss"] == b["loss"] and a["expected_streak"] == b["expected_streak"]
     assert full["heldout_expected_streak"] == resumed["heldout_expected_streak"]
