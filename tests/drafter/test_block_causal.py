@@ -88,6 +88,21 @@ def test_shared_prefix_rows_and_lru_bound(base_dir):
     assert cached.cache_stats()["entries"] == 0
 
 
+def test_identical_rows_keep_their_own_entries(base_dir):
+    """n > 1 samples of one prompt: rows with identical contexts step after step must reuse one
+    entry each, not copy a claimed entry every step (which fills the pool with orphans)."""
+    cached = BlockCausalDrafter.from_causal_lm(base_dir, num_layers=2, cache_size=16)
+    full = BlockCausalDrafter.from_causal_lm(base_dir, num_layers=2, cache_size=0)
+    gen = torch.Generator().manual_seed(3)
+    rows = [torch.randint(0, VOCAB, (7,), generator=gen)] * 3
+    for _ in range(6):
+        torch.testing.assert_close(cached.draft_logits(rows, 3), full.draft_logits(rows, 3),
+                                   atol=1e-5, rtol=0)
+        token = torch.randint(0, VOCAB, (1,), generator=gen)
+        rows = [torch.cat([r, token]) for r in rows]
+    assert cached.cache_stats()["entries"] == 3
+
+
 def test_draft_logits_in_training_mode_with_checkpointing(base_dir):
     """Training code switches on gradient checkpointing, which drops KV caches in training
     mode; draft_logits must still use its cache (it runs in eval mode) and restore the mode."""

@@ -169,10 +169,17 @@ class BlockCausalDrafter(Drafter):
         """
         if self.pool is None:
             return [(None, 0) for _ in contexts]
-        matches = [self.pool.best_match(ctx.numpy()) for ctx in contexts]
         plan: list[tuple[KVEntry | None, int]] = []
         used: set[int] = set()
-        for ctx, (key, shared) in zip(contexts, matches, strict=True):
+        for ctx in contexts:
+            # Prefer an entry no other row has claimed (rows with identical contexts, e.g. n > 1
+            # samples of one prompt, each keep their own); copy a claimed one only if it is
+            # strictly better, so duplicates do not leave a trail of orphaned copies.
+            key, shared = self.pool.best_match(ctx.numpy(), exclude=used)
+            if used:
+                claimed, claimed_shared = self.pool.best_match(ctx.numpy())
+                if claimed_shared > shared:
+                    key, shared = claimed, claimed_shared
             keep = min(shared, ctx.numel() - 1)
             if key is None or keep == 0:
                 entry, key = KVEntry(tokens=np.zeros(0, dtype=np.int64)), None

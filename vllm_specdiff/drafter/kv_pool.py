@@ -96,18 +96,21 @@ class KVPool:
         self.misses = 0  # context tokens that had to be encoded
         self.evictions = 0
 
-    def best_match(self, context: np.ndarray) -> tuple[int | None, int]:
+    def best_match(self, context: np.ndarray, exclude: set[int] | frozenset[int] = frozenset()
+                   ) -> tuple[int | None, int]:
         """(key, shared prefix length) of the entry sharing the longest prefix with `context`.
 
         Fast path: speculative decoding only appends committed tokens, so a request's entry is
         normally a prefix of its next context; such entries pass a first/last-token screen and
         only they are compared in full. If none is a prefix (preemption, another request's
-        branch, a rollback), every entry is compared.
+        branch, a rollback), every entry is compared. Entries in `exclude` (already claimed by
+        another row of the batch) are skipped.
         """
-        candidates = [k for k, e in self.entries.items() if e.may_prefix(context)]
+        candidates = [k for k, e in self.entries.items()
+                      if k not in exclude and e.may_prefix(context)]
         if not candidates:
             candidates = [k for k, e in self.entries.items()
-                          if e.length and e.tokens[0] == context[0]]
+                          if k not in exclude and e.length and e.tokens[0] == context[0]]
         best_key, best_len = None, 0
         for key in candidates:
             n = self.entries[key].common_prefix(context)
