@@ -67,14 +67,19 @@ def print_summary(summary: dict[str, Any]) -> None:
         print(f"greedy outputs identical: {verdict}")
 
 
-def run(args: argparse.Namespace) -> int:
-    summary = run_comparison(args, args.prompts, args.limit)
+def report(summary: dict[str, Any], output: str | None) -> int:
+    """Print the summary, write it as JSON to `output` if given; exit status 1 if greedy
+    outputs differed (shared by `bench` and `demo`)."""
     print_summary(summary)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(summary, indent=2))
-        print(f"wrote {args.output}", file=sys.stderr)
+    if output:
+        Path(output).parent.mkdir(parents=True, exist_ok=True)
+        Path(output).write_text(json.dumps(summary, indent=2))
+        print(f"wrote {output}", file=sys.stderr)
     return 0 if summary["identical_outputs"] else 1
+
+
+def run(args: argparse.Namespace) -> int:
+    return report(run_comparison(args, args.prompts, args.limit), args.output)
 
 
 def add_bench_args(p: argparse.ArgumentParser, max_tokens: int, gamma: int) -> None:

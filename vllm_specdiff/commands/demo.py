@@ -9,10 +9,8 @@ outputs differ.
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 
-from vllm_specdiff.commands.bench import add_bench_args, print_summary, run_comparison
+from vllm_specdiff.commands.bench import add_bench_args, report, run_comparison
 
 USES_VLLM = True
 
@@ -22,12 +20,7 @@ def run(args: argparse.Namespace) -> int:
 
     for name, path in prepare_defaults().items():
         print(f"{name}: {path}", flush=True)
-    summary = run_comparison(args, "demo", None)
-    print_summary(summary)
-    if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(json.dumps(summary, indent=2))
-    return 0 if summary["identical_outputs"] else 1
+    return report(run_comparison(args, "demo", None), args.output)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
