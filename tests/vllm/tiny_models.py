@@ -23,12 +23,12 @@ def word(i: int) -> str:
     return f"w{i}"
 
 
-def write_tokenizer(path: Path) -> int:
-    """A whitespace WordLevel tokenizer over w0..w299 plus specials; returns its size."""
+def write_tokenizer(path: Path, words: int = WORDS) -> int:
+    """A whitespace WordLevel tokenizer over w0..w{words-1} plus specials; returns its size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {tok: i for i, tok in enumerate(SPECIALS + [word(i) for i in range(WORDS)])}
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + [word(i) for i in range(words)])}
     tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins tokens with spaces
@@ -39,12 +39,13 @@ def write_tokenizer(path: Path) -> int:
     return len(vocab)
 
 
-def write_tiny_verifier(path: Path, seed: int = 0) -> Path:
+def write_tiny_verifier(path: Path, seed: int = 0, words: int = WORDS, peak: float = 4.0) -> Path:
+    """peak scales the output layer: lower values give flatter next-token distributions."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     path.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer(path)
+    vocab = write_tokenizer(path, words)
     torch.manual_seed(seed)
     config = LlamaConfig(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
                          num_hidden_layers=LAYERS, num_attention_heads=HEADS,
@@ -56,7 +57,7 @@ def write_tiny_verifier(path: Path, seed: int = 0) -> Path:
         for p in model.parameters():
             if p.dim() == 2:
                 p.normal_(0.0, 0.2)
-        model.lm_head.weight.mul_(4.0)
+        model.lm_head.weight.mul_(peak)
     model.save_pretrained(str(path), safe_serialization=True)
     GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(str(path))
     return path

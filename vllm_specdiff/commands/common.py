@@ -43,12 +43,17 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--context-window", type=int, default=None,
                    help="trailing context tokens the drafter sees")
     g.add_argument("--drafter-seed", type=int, default=None, help="seed of the drafter's sampler")
+    g.add_argument("--num-candidates", "-K", type=int, default=None, dest="num_candidates",
+                   help="K candidate drafts per step, verified as one trie (default 1)")
+    g.add_argument("--max-tree-tokens", type=int, default=None,
+                   help="verifier tokens per request and step for K > 1 (root included)")
 
 
 def spec_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"drafter": args.drafter, "lora": args.lora, "temperature": args.drafter_temperature,
             "steps": args.steps, "context_window": args.context_window,
-            "seed": args.drafter_seed}
+            "seed": args.drafter_seed, "K": args.num_candidates,
+            "max_tree_tokens": args.max_tree_tokens}
 
 
 def resolve_model(args: argparse.Namespace) -> str:

@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Iterator
 
+from vllm_specdiff.plugin.config import TREE_WORKER, SpecDiffConfig
 from vllm_specdiff.plugin.engine import PROPOSER_PATH
 
 USES_VLLM = True
@@ -51,23 +52,30 @@ def _json_option(argv: list[str], *names: str) -> dict | None:
     return value
 
 
-def check_specdiff_args(argv: list[str]) -> None:
+def check_specdiff_args(argv: list[str]) -> SpecDiffConfig | None:
     """Validate our options now if the speculative model is the SpecDiff proposer."""
     from vllm_specdiff.plugin.config import parse_specdiff_config
 
     if any(arg.startswith(("--speculative-config.", "-sc.")) for arg in argv):
-        return  # dotted sub-options: vLLM assembles them; the proposer validates at start-up
+        return None  # dotted sub-options: vLLM assembles them; the proposer validates at start-up
     spec = _json_option(argv, "--speculative-config", "-sc")
     additional = _json_option(argv, "--additional-config")
     if spec is None or spec.get("model") != PROPOSER_PATH:
         if additional and "specdiff" in additional:
             raise ValueError("--additional-config has a 'specdiff' section but "
                              f"--speculative-config does not use model={PROPOSER_PATH!r}")
-        return
+        return None
     gamma = spec.get("num_speculative_tokens")
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise ValueError("--speculative-config needs num_speculative_tokens >= 1 (an integer)")
-    parse_specdiff_config(additional, gamma=gamma)
+    return parse_specdiff_config(additional, gamma=gamma)
+
+
+def tree_worker_argv(argv: list[str], config: SpecDiffConfig | None) -> list[str]:
+    """K > 1 needs the tree-verifying worker: add `--worker-cls` unless the user chose one."""
+    if config is None or config.K == 1 or _option_values(argv, "--worker-cls"):
+        return argv
+    return [*argv, "--worker-cls", TREE_WORKER]
 
 
 def _is_cpu_build() -> bool:
@@ -115,11 +123,11 @@ def default_model_argv(argv: list[str]) -> list[str]:
 
 def serve(argv: list[str]) -> int:
     try:
-        check_specdiff_args(argv)
+        config = check_specdiff_args(argv)
     except (ValueError, FileNotFoundError) as e:
         print(f"vllm-specdiff serve: error: {e}", file=sys.stderr)
         return 2
-    argv = default_model_argv(argv)
+    argv = tree_worker_argv(default_model_argv(argv), config)
     if _is_cpu_build() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ \
             and not _option_values(argv, "--kv-cache-memory-bytes"):
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = DEFAULT_CPU_KV_CACHE_GIB

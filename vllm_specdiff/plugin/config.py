@@ -14,6 +14,12 @@ from pathlib import Path
 from typing import Any
 
 SECTION = "specdiff"
+CANDIDATE_SOURCES = ("argmax", "sample", "ngram")
+SELECTIONS = ("tau",)
+# vLLM's rejection sampler verifies at most this many draft tokens per request and step.
+MAX_SPEC_LEN = 128
+DEFAULT_MAX_TREE_TOKENS = 17
+TREE_WORKER = "vllm_specdiff.plugin.tree_runner.SpecDiffCPUWorker"
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,15 @@ class SpecDiffConfig:
     cache_size: per-sequence KV-cache entries the block-causal drafter keeps (None: twice
       `max_num_seqs`, at least 16). Bounded: least recently used entries are dropped.
     log_interval: seconds between the drafter's log lines (0 disables them).
+    K: candidate drafts per request and step (self-selection). K > 1 verifies all of them in
+      one tree-masked verifier forward and needs the worker `TREE_WORKER`.
+    candidates: where the K candidates come from: candidate 0 is always the argmax draft
+      ("argmax"); the others are sampled from the drafter's marginals at T_d ("sample"); with
+      "ngram", a prompt-lookup match (vLLM's ngram matching) replaces candidate 1 when found.
+    selection: how the committed draft is chosen: "tau" (highest expected accepted length,
+      then vLLM's own point-mass verification of that chain).
+    max_tree_tokens: verifier tokens per request and step for K > 1 (root included); trailing
+      candidates are dropped until the merged trie fits.
     """
 
     drafter: str | None = None
@@ -45,6 +60,10 @@ class SpecDiffConfig:
     seed: int = 0
     cache_size: int | None = None
     log_interval: float = 10.0
+    K: int = 1  # noqa: N815 - the paper's name
+    candidates: tuple[str, ...] = ("argmax", "sample")
+    selection: str = "tau"
+    max_tree_tokens: int = DEFAULT_MAX_TREE_TOKENS
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,6 +108,43 @@ def _directory(name: str, value: Any, marker: str, kind: str) -> str | None:  # 
     return str(path)
 
 
+def _choices(name: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:  # noqa: ANN401
+    if isinstance(value, str) or not isinstance(value, list | tuple) or not value \
+            or any(v not in allowed for v in value) or len(set(value)) != len(value):
+        raise ValueError(f"{_opt(name)} must be a non-empty list of distinct values from "
+                         f"{list(allowed)}, got {value!r}")
+    return tuple(value)
+
+
+def _tree_options(get: Any, defaults: SpecDiffConfig, gamma: int | None  # noqa: ANN401
+                  ) -> dict[str, Any]:
+    """K, candidates, selection and max_tree_tokens, checked together (they bound each other)."""
+    k = _int("K", get("K", defaults.K), 1)
+    assert k is not None
+    candidates = _choices("candidates", get("candidates", list(defaults.candidates)),
+                          CANDIDATE_SOURCES)
+    if candidates[0] != "argmax":
+        raise ValueError(f"{_opt('candidates')} must start with 'argmax' (candidate 0 is the "
+                         f"argmax draft), got {list(candidates)!r}")
+    if k > 1 and "sample" not in candidates:
+        raise ValueError(f"{_opt('K')}={k} needs 'sample' in {_opt('candidates')}: "
+                         "only one argmax draft exists")
+    selection = get("selection", defaults.selection)
+    if selection not in SELECTIONS:
+        raise ValueError(f"{_opt('selection')} must be one of {list(SELECTIONS)}, "
+                         f"got {selection!r}")
+    max_tree = _int("max_tree_tokens", get("max_tree_tokens", defaults.max_tree_tokens), 2)
+    assert max_tree is not None
+    if max_tree > MAX_SPEC_LEN + 1:
+        raise ValueError(f"{_opt('max_tree_tokens')}={max_tree} exceeds vLLM's limit of "
+                         f"{MAX_SPEC_LEN} draft tokens per step plus the root")
+    if k > 1 and gamma is not None and max_tree < gamma + 1:
+        raise ValueError(f"{_opt('max_tree_tokens')}={max_tree} cannot hold one draft of "
+                         f"num_speculative_tokens={gamma} plus the root; use >= {gamma + 1}")
+    return {"K": k, "candidates": candidates, "selection": selection,
+            "max_tree_tokens": max_tree}
+
+
 def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> SpecDiffConfig:  # noqa: ANN401
     """Validate `additional_config` (a dict, a JSON string or None) and return our settings.
 
@@ -131,4 +187,5 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
         cache_size=_int("cache_size", get("cache_size", defaults.cache_size), 1,
                         allow_none=True),
         log_interval=_number("log_interval", get("log_interval", defaults.log_interval), 0.0),
+        **_tree_options(get, defaults, gamma),
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_specdiff.plugin.config import SECTION, parse_specdiff_config
+from vllm_specdiff.plugin.config import SECTION, TREE_WORKER, parse_specdiff_config
 
 PROPOSER_PATH = "vllm_specdiff.SpecDiffProposer"
 DEFAULT_GAMMA = 8
@@ -25,20 +25,25 @@ def specdiff_engine_args(num_speculative_tokens: int = DEFAULT_GAMMA,
     """`speculative_config` and `additional_config` for `LLM(...)` / `EngineArgs`.
 
     options are the drafter settings of `SpecDiffConfig` (drafter, lora, temperature, top_k,
-    steps, context_window, seed, cache_size, log_interval); they are validated here, so a bad
-    option fails before the engine starts.
+    steps, context_window, seed, cache_size, log_interval, K, candidates, selection,
+    max_tree_tokens); they are validated here, so a bad option fails before the engine starts.
+    K > 1 also selects the tree-verifying worker (`worker_cls`) and turns async scheduling off.
     """
     if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
             or num_speculative_tokens < 1:
         raise ValueError(f"num_speculative_tokens must be an integer >= 1, "
                          f"got {num_speculative_tokens!r}")
     section = {k: v for k, v in options.items() if v is not None}
-    parse_specdiff_config({SECTION: section}, gamma=num_speculative_tokens)
-    return {
+    config = parse_specdiff_config({SECTION: section}, gamma=num_speculative_tokens)
+    args: dict[str, Any] = {
         "speculative_config": {"model": PROPOSER_PATH,
                                "num_speculative_tokens": num_speculative_tokens},
         "additional_config": {SECTION: section},
     }
+    if config.K > 1:  # K candidates are verified as a trie by our worker; K = 1 needs none
+        args["worker_cls"] = TREE_WORKER
+        args["async_scheduling"] = False
+    return args
 
 
 def _proposer_stats(worker: Any) -> dict[str, Any] | None:  # noqa: ANN401

@@ -23,8 +23,10 @@ import numpy as np
 import torch
 
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
-from vllm_specdiff.plugin.config import SpecDiffConfig, parse_specdiff_config
+from vllm_specdiff.plugin.candidates import candidate_drafts, ngram_draft
+from vllm_specdiff.plugin.config import TREE_WORKER, SpecDiffConfig, parse_specdiff_config
 from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
+from vllm_specdiff.plugin.trie import RequestTrie, build_request_trie
 
 # Tokens of context that identify a row between two steps (with its length) when counting how
 # many drafts were accepted; a collision only merges two rows' identical counts.
@@ -72,12 +74,25 @@ class SpecDiffProposer:
         self._lock = threading.Lock()
         self._last_log = time.monotonic()
         self._logged = (0, 0.0, 0)
+        # Tree verification (K > 1): the runner that verifies tries turns it on, says which rows
+        # may get one (others get the argmax draft) and reads back each row's trie.
+        self.trees_enabled = False
+        self.tree_rows: np.ndarray | None = None
+        self.last_tries: list[RequestTrie | None] = []
+        self.tree_stats = SpecDecodeStats()
+        self.chosen_sources: dict[str, int] = {}
+        self.tau_chosen = 0.0
+        self.tau_all = 0.0
 
     # ---- vLLM interface -------------------------------------------------------------------------
     def load_model(self, target_model: Any = None, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
         """Load the drafter next to the verifier (vLLM calls this after loading the target)."""
         from vllm_specdiff.drafter import load_drafter
 
+        if self.config.K > 1 and not self.trees_enabled:
+            raise ValueError(f"additional_config['specdiff']['K'] = {self.config.K} needs the "
+                             f"tree-verifying worker: add worker_cls={TREE_WORKER!r} "
+                             f"(--worker-cls {TREE_WORKER})")
         device = torch.device("cpu")
         if isinstance(target_model, torch.nn.Module):
             param = next(target_model.parameters(), None)
@@ -133,6 +148,7 @@ class SpecDiffProposer:
         start = time.perf_counter()
         num_rows = len(sampled_token_ids)
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
+        self.last_tries = [None] * num_rows
         rows, contexts, lengths = [], [], []
         accepted = []
         for i, sampled in enumerate(sampled_token_ids):
@@ -154,10 +170,14 @@ class SpecDiffProposer:
             self.stats.record(accepted, self.gamma)
         if rows:
             logits = self.drafter.draft_logits(contexts, self.gamma, steps=self.config.steps)
-            marginals = draft_marginals(logits, self.config.temperature, self.config.top_k)
-            tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
-            for i, context, room, draft in zip(rows, contexts, lengths, tokens, strict=True):
-                drafts[i] = draft[:room]
+            if self.config.K > 1:
+                self._tree_drafts(logits, rows, contexts, lengths, drafts)
+            else:
+                marginals = draft_marginals(logits, self.config.temperature, self.config.top_k)
+                tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
+                for i, room, draft in zip(rows, lengths, tokens, strict=True):
+                    drafts[i] = draft[:room]
+            for context, room in zip(contexts, lengths, strict=True):
                 self._pending[self._signature(context.numpy())] = room
         elapsed = time.perf_counter() - start
         with self._lock:
@@ -166,6 +186,49 @@ class SpecDiffProposer:
             self.drafter_seconds += elapsed
         self._maybe_log()
         return drafts
+
+    def _tree_drafts(self, logits: torch.Tensor, rows: list[int], contexts: list[torch.Tensor],
+                     lengths: list[int], drafts: list[list[int]]) -> None:
+        """K candidates per row merged into a trie (rows the runner allows, with a full window and
+        room for the trie); other rows get the argmax draft, verified by vLLM as a chain."""
+        candidates = candidate_drafts(logits, self.config.K, self.config.temperature,
+                                      self.config.top_k, self.generator)
+        for r, (i, context, room) in enumerate(zip(rows, contexts, lengths, strict=True)):
+            allowed = self.tree_rows is None or bool(self.tree_rows[i])
+            budget = min(self.config.max_tree_tokens,
+                         self.max_model_len - int(context.shape[0]) + 1)
+            if not allowed or room < self.gamma or budget < self.gamma + 1:
+                drafts[i] = candidates[r, 0, :room].tolist()
+                continue
+            trie = build_request_trie(int(context[-1]), *self._with_ngram(context, candidates[r]),
+                                      budget)
+            self.last_tries[i] = trie
+            drafts[i] = trie.draft_tokens()
+
+    def _with_ngram(self, context: torch.Tensor, drafts: torch.Tensor
+                    ) -> tuple[torch.Tensor, tuple[str, ...]]:
+        """With "ngram" among the candidates, a prompt-lookup match replaces candidate 1 (kept
+        first when the node budget drops candidates); without a match all stay samples."""
+        sources = ("argmax",) + ("sample",) * (drafts.shape[0] - 1)
+        if "ngram" not in self.config.candidates:
+            return drafts, sources
+        found = ngram_draft(context.numpy(), self.gamma, drafts[0])
+        if found is None:
+            return drafts, sources
+        drafts = drafts.clone()
+        drafts[1] = found
+        return drafts, ("argmax", "ngram") + sources[2:]
+
+    def record_tree_steps(self, accepted: list[int], selected: list[int], sources: list[str],
+                          tau_chosen: list[float], tau_mean: list[float]) -> None:
+        """The runner reports its trie verify steps: accepted length, k*, the source of k*, tau of
+        k* and the mean tau of all candidates (per request)."""
+        with self._lock:
+            self.tree_stats.record(accepted, self.gamma, selected, self.config.K)
+            for source in sources:
+                self.chosen_sources[source] = self.chosen_sources.get(source, 0) + 1
+            self.tau_chosen += sum(tau_chosen)
+            self.tau_all += sum(tau_mean)
 
     # ---- metrics --------------------------------------------------------------------------------
     @staticmethod
@@ -190,6 +253,12 @@ class SpecDiffProposer:
             "accepted_length_histogram": list(self.stats.accepted_length_histogram),
             "verify_steps": self.stats.steps,
         }
+        if self.config.K > 1:
+            steps = self.tree_stats.steps
+            out["tree"] = {**self.tree_stats.to_dict(),
+                           "chosen_sources": dict(self.chosen_sources),
+                           "mean_tau_chosen": self.tau_chosen / steps if steps else 0.0,
+                           "mean_tau_all": self.tau_all / steps if steps else 0.0}
         if self.drafter is not None:
             out["drafter_cache"] = self.drafter.cache_stats()
         return out
@@ -201,6 +270,9 @@ class SpecDiffProposer:
             self.drafted_rows = 0
             self.drafter_seconds = 0.0
             self._logged = (0, 0.0, 0)
+            self.tree_stats = SpecDecodeStats()
+            self.chosen_sources = {}
+            self.tau_chosen = self.tau_all = 0.0
 
     def _maybe_log(self) -> None:
         interval = self.config.log_interval

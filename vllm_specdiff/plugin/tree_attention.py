@@ -1,0 +1,212 @@
+"""Tree-masked attention for vLLM's CPU attention backend, and moving committed KV entries.
+
+vLLM's CPU kernel (`CPUAttentionBackendImpl`) only knows causal attention. For requests whose
+scheduled tokens are a candidate trie, each node must see the whole cached prefix plus its own
+ancestors. The wrapper installed on every attention layer runs the native kernel for the batch
+and then recomputes the trie rows in torch: the prefix K/V gathered from the paged cache, the
+nodes' own K/V from the forward's inputs, and the ancestor mask.
+
+The kernel stores K and V in an ISA-specific layout inside each block (for the `vec` ISA K is
+transposed). Rather than hard-coding layouts, `CacheLayout.probe` writes known values through
+the kernel's own `cpu_attn_reshape_and_cache` and records where each (token, dim) element lands.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Base for the probe's digits: integers up to 256 are exact in bfloat16 and float16.
+_DIGIT = 200
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """key_index / value_index [block_size, head_dim]: flat offset, inside one (block, head) of
+    the cache viewed as [blocks, kv_heads, 2 * block_size * head_dim], of each element."""
+
+    block_size: int
+    head_dim: int
+    key_index: torch.Tensor
+    value_index: torch.Tensor
+
+    @classmethod
+    def probe(cls, num_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype,
+              isa: str) -> CacheLayout:
+        """Find the layout the kernel writes, for this ISA, dtype and shape (one cache block)."""
+        from vllm import _custom_ops as ops
+
+        region = 2 * block_size * head_dim
+        ident = torch.arange(block_size * head_dim).view(block_size, 1, head_dim)
+        ident = ident.expand(block_size, num_kv_heads, head_dim)
+        found = [torch.zeros(region, dtype=torch.long) for _ in range(2)]
+        scale = 1
+        for _ in range(3):  # three base-200 digits cover 8e6 elements per block
+            digits = ((ident // scale) % _DIGIT + 1).to(dtype)
+            cache = torch.zeros(1, num_kv_heads, block_size, 2 * head_dim, dtype=dtype)
+            view = cache.view(1, num_kv_heads, 2 * block_size, head_dim)
+            key_cache, value_cache = view.chunk(2, dim=2)
+            ops.cpu_attn_reshape_and_cache(digits, -digits, key_cache, value_cache,
+                                           torch.arange(block_size), isa, k_scale=1.0,
+                                           v_scale=1.0, kv_cache_dtype="auto")
+            flat = cache.view(1, num_kv_heads, region)[0, 0].float().round().long()
+            found[0] += (flat.clamp_min(0) - (flat > 0).long()) * scale
+            found[1] += ((-flat).clamp_min(0) - (flat < 0).long()) * scale
+            scale *= _DIGIT
+        key_index = torch.full((block_size * head_dim,), -1, dtype=torch.long)
+        value_index = torch.full((block_size * head_dim,), -1, dtype=torch.long)
+        offsets = torch.arange(region)
+        is_key = cache.view(1, num_kv_heads, region)[0, 0] > 0
+        key_index[found[0][is_key]] = offsets[is_key]
+        value_index[found[1][~is_key]] = offsets[~is_key]
+        if bool((key_index < 0).any()) or bool((value_index < 0).any()):
+            raise RuntimeError(f"unsupported KV cache layout for CPU attention ISA {isa!r}: "
+                               "tree verification cannot read it")
+        return cls(block_size, head_dim, key_index.view(block_size, head_dim),
+                   value_index.view(block_size, head_dim))
+
+    def _locate(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        blocks = slots // self.block_size
+        offsets = slots % self.block_size
+        return blocks, self.key_index[offsets], self.value_index[offsets]
+
+    def gather(self, kv_cache: torch.Tensor, slots: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V [len(slots), kv_heads, head_dim] stored at the given slots."""
+        heads = kv_cache.shape[1]
+        region = kv_cache.view(kv_cache.shape[0], heads, -1)
+        blocks, k_idx, v_idx = self._locate(slots.long())
+        h = torch.arange(heads).view(1, heads, 1)
+        b = blocks.view(-1, 1, 1)
+        return region[b, h, k_idx.unsqueeze(1)], region[b, h, v_idx.unsqueeze(1)]
+
+    def move(self, kv_cache: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Copy the K/V entries at slots src to slots dst (all sources read before writing)."""
+        keys, values = self.gather(kv_cache, src)
+        heads = kv_cache.shape[1]
+        region = kv_cache.view(kv_cache.shape[0], heads, -1)
+        blocks, k_idx, v_idx = self._locate(dst.long())
+        h = torch.arange(heads).view(1, heads, 1)
+        b = blocks.view(-1, 1, 1)
+        region[b, h, k_idx.unsqueeze(1)] = keys
+        region[b, h, v_idx.unsqueeze(1)] = values
+
+
+@dataclass(frozen=True)
+class TreeRequest:
+    """One trie request of the batch: its query rows, cached prefix and ancestor mask."""
+
+    query_start: int
+    num_nodes: int
+    prefix_len: int
+    batch_index: int
+    mask: torch.Tensor  # [num_nodes, num_nodes] bool
+
+
+def tree_attention(query: torch.Tensor, node_keys: torch.Tensor, node_values: torch.Tensor,
+                   prefix_keys: torch.Tensor, prefix_values: torch.Tensor, mask: torch.Tensor,
+                   scale: float) -> torch.Tensor:
+    """Attention of n trie nodes over prefix + ancestors. query [n, H, D], keys [*, Hkv, D];
+    returns [n, H, D] in query's dtype (computed in float32)."""
+    n, heads, _ = query.shape
+    keys = torch.cat([prefix_keys, node_keys]).float()
+    values = torch.cat([prefix_values, node_values]).float()
+    group = heads // keys.shape[1]
+    if group > 1:
+        keys = keys.repeat_interleave(group, dim=1)
+        values = values.repeat_interleave(group, dim=1)
+    allowed = torch.cat([torch.ones(n, prefix_keys.shape[0], dtype=torch.bool), mask], dim=1)
+    scores = torch.einsum("qhd,khd->hqk", query.float(), keys) * scale
+    scores = scores.masked_fill(~allowed.unsqueeze(0), float("-inf"))
+    out = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), values)
+    return out.to(query.dtype)
+
+
+class TreeBatchContext:
+    """The trie requests of the forward in progress (set by the runner around the forward)."""
+
+    def __init__(self) -> None:
+        self.requests: list[TreeRequest] = []
+
+    def set(self, requests: list[TreeRequest]) -> None:
+        self.requests = requests
+
+    def clear(self) -> None:
+        self.requests = []
+
+
+def _unsupported(impl: Any) -> str | None:  # noqa: ANN401
+    if getattr(impl, "sliding_window", -1) not in (-1, None):
+        return "sliding-window attention"
+    if getattr(impl, "logits_soft_cap", 0):
+        return "attention logit soft-capping"
+    if getattr(impl, "alibi_slopes", None) is not None:
+        return "ALiBi"
+    if getattr(impl, "sinks", None) is not None:
+        return "attention sinks"
+    if getattr(impl, "is_fp8_kv_cache", False):
+        return "an fp8 KV cache"
+    return None
+
+
+class TreeMaskForward:
+    """Replaces one layer's `impl.forward`: native kernel for the batch, then torch attention
+    with the tree mask for the trie requests' rows."""
+
+    def __init__(self, impl: Any, layout: CacheLayout, context: TreeBatchContext) -> None:  # noqa: ANN401
+        self.native = impl.forward
+        self.scale = float(impl.scale)
+        self.layout = layout
+        self.context = context
+
+    def __call__(self, layer: Any, query: torch.Tensor, key: torch.Tensor,  # noqa: ANN401
+                 value: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: Any,  # noqa: ANN401
+                 output: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:  # noqa: ANN401
+        result = self.native(layer, query, key, value, kv_cache, attn_metadata, output, *args,
+                             **kwargs)
+        if attn_metadata is None or not self.context.requests:
+            return result
+        bs = self.layout.block_size
+        for req in self.context.requests:
+            rows = slice(req.query_start, req.query_start + req.num_nodes)
+            positions = torch.arange(req.prefix_len)
+            blocks = attn_metadata.block_table[req.batch_index].long()
+            slots = blocks[positions // bs] * bs + positions % bs
+            prefix_k, prefix_v = self.layout.gather(kv_cache, slots)
+            output[rows] = tree_attention(query[rows], key[rows], value[rows], prefix_k,
+                                          prefix_v, req.mask, self.scale)
+        return result
+
+
+def install_tree_attention(attention_layers: dict[str, Any], context: TreeBatchContext  # noqa: ANN401
+                           ) -> CacheLayout:
+    """Wrap the forward of every attention layer; returns the probed cache layout.
+
+    Raises a clear error for attention features the torch path does not reproduce.
+    """
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    layout: CacheLayout | None = None
+    for name, layer in attention_layers.items():
+        impl = layer.impl
+        if not isinstance(impl, CPUAttentionBackendImpl):
+            raise ValueError(f"tree verification (K > 1) needs vLLM's CPU attention backend; "
+                             f"layer {name} uses {type(impl).__name__}")
+        reason = _unsupported(impl)
+        if reason is not None:
+            raise ValueError(f"tree verification (K > 1) does not support {reason} "
+                             f"(layer {name}); use K = 1")
+        kv_cache = layer.kv_cache
+        if not isinstance(kv_cache, torch.Tensor):
+            raise ValueError(f"layer {name} has no KV cache tensor")
+        _, heads, block_size, _ = kv_cache.shape
+        if layout is None:
+            layout = CacheLayout.probe(heads, block_size, impl.head_size, kv_cache.dtype,
+                                       layer.isa)
+        if not isinstance(impl.forward, TreeMaskForward):
+            impl.forward = TreeMaskForward(impl, layout, context)
+    if layout is None:
+        raise ValueError("tree verification found no attention layers")
+    return layout

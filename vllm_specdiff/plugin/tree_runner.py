@@ -1,0 +1,283 @@
+"""Self-selection inside vLLM: K candidate drafts verified in one tree-masked forward (CPU).
+
+vLLM 0.32 verifies one chain of draft tokens per request. This runner (reached through
+`worker_cls`, see `SpecDiffCPUWorker`) lets the proposer send a trie of K candidates instead:
+
+1. the trie's nodes travel as the request's draft tokens, so vLLM schedules them, gives every node
+   a KV slot (linear slot order) and a logits row;
+2. `_prepare_inputs` overrides the nodes' positions (context length + depth) and hands their
+   ancestor masks to the tree-mask attention wrapper (`tree_attention`) for the forward;
+3. `_sample` scores the candidates from the node logits (core `score_drafts`), picks k*, and hands
+   vLLM's own rejection sampler the chain [root, path of k*] with its logits rows, so the commit
+   follows vLLM's sampling semantics exactly (point mass, greedy, seeds, bonus token, logprobs);
+4. the KV entries of the accepted path are copied to the request's canonical slots; the slots
+   past the committed length are overwritten by later steps, as with plain speculative decoding.
+
+Requests whose drafts are a plain chain (K = 1 rows, fallbacks, truncated tries) take vLLM's
+native path untouched. `tree_hidden_layers` is the hook for handing verifier hidden states to a
+proposer (not used by the diffusion drafter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from vllm.logger import init_logger
+from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+from vllm.v1.worker.cpu_worker import CPUWorker
+
+from vllm_specdiff.core import score_drafts
+from vllm_specdiff.plugin.tree_attention import (
+    CacheLayout,
+    TreeBatchContext,
+    TreeRequest,
+    install_tree_attention,
+)
+from vllm_specdiff.plugin.trie import RequestTrie
+from vllm_specdiff.plugin.vllm_plugin import clamp_spec_decode_stats
+
+logger = init_logger("vllm.specdiff")
+_SAMPLING_EPS = 1e-5
+
+
+@dataclass(frozen=True)
+class StepTrie:
+    """A trie scheduled in this step: where its rows are and the KV slot of each node."""
+
+    trie: RequestTrie
+    batch_index: int
+    slots: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The candidate chosen for one request: k*, its trie nodes, its tau and the mean tau."""
+
+    k: int
+    source: str
+    path: torch.Tensor
+    tau: float
+    tau_mean: float
+
+
+def tree_eligible(params: Any) -> bool:  # noqa: ANN401
+    """Whether a request may be verified as a trie: features that assume vLLM's own chain of
+    drafts (penalties and bad words read the drafts as output history, structured output
+    validates them as a sequence) fall back to one argmax draft."""
+    if params is None:
+        return False
+    return (params.presence_penalty == 0 and params.frequency_penalty == 0
+            and params.repetition_penalty == 1 and not params.bad_words
+            and getattr(params, "structured_outputs", None) is None)
+
+
+def _filters(params: Any, vocab: int) -> tuple[float, int | None, float | None]:  # noqa: ANN401
+    temperature = float(params.temperature)
+    if temperature < _SAMPLING_EPS:
+        return 0.0, None, None
+    top_k = int(params.top_k) if 0 < int(params.top_k) < vocab else None
+    top_p = float(params.top_p) if float(params.top_p) < 1.0 else None
+    return temperature, top_k, top_p
+
+
+def select_candidate(trie: RequestTrie, node_logits: torch.Tensor, params: Any  # noqa: ANN401
+                     ) -> tuple[int, torch.Tensor]:
+    """k* and tau [K]: the candidate with the highest expected accepted length under the request's
+    own sampling settings (ties: lowest k, so the argmax draft wins ties)."""
+    temperature, top_k, top_p = _filters(params, node_logits.shape[-1])
+    scores = score_drafts(node_logits.float(), trie.token_tree(), temperature, top_k, top_p)
+    return int(scores.selected[0]), scores.tau[0]
+
+
+def chain_metadata(draft_lists: list[list[int]], device: torch.device) -> SpecDecodeMetadata:
+    """SpecDecodeMetadata for logits laid out request after request, [root, drafts...] each."""
+    counts = np.array([len(d) for d in draft_lists], dtype=np.int32)
+    sampled = counts + 1
+    cu_sampled = np.cumsum(sampled, dtype=np.int32)
+    starts = cu_sampled - sampled
+    target = np.concatenate([s + np.arange(n, dtype=np.int32) for s, n in zip(starts, counts,
+                                                                            strict=True)])
+    flat = [t for d in draft_lists for t in d]
+    return SpecDecodeMetadata(
+        draft_token_ids=torch.tensor(flat, dtype=torch.int32, device=device),
+        num_draft_tokens=counts.tolist(),
+        cu_num_draft_tokens=torch.from_numpy(np.cumsum(counts, dtype=np.int32)).to(device),
+        cu_num_sampled_tokens=torch.from_numpy(cu_sampled).to(device),
+        target_logits_indices=torch.from_numpy(target.astype(np.int32)).to(device),
+        bonus_logits_indices=torch.from_numpy(cu_sampled - 1).to(device),
+        logits_indices=torch.arange(int(cu_sampled[-1]), dtype=torch.int32, device=device),
+    )
+
+
+class SpecDiffCPUModelRunner(CPUModelRunner):
+    """vLLM's CPU model runner plus trie verification for the SpecDiff proposer (K > 1)."""
+
+    def __init__(self, vllm_config: Any, device: torch.device) -> None:  # noqa: ANN401
+        super().__init__(vllm_config, device)
+        drafter = getattr(self, "drafter", None)
+        if not hasattr(drafter, "trees_enabled"):
+            raise ValueError("SpecDiffCPUWorker needs speculative_config.model = "
+                             "'vllm_specdiff.SpecDiffProposer'")
+        if self.use_async_scheduling:
+            raise ValueError("tree verification (K > 1) needs async scheduling off "
+                             "(--no-async-scheduling / async_scheduling=False)")
+        if self.uses_mrope:
+            raise ValueError("tree verification (K > 1) does not support M-RoPE models")
+        drafter.trees_enabled = True
+        clamp_spec_decode_stats()  # also the general plugin's job; here for in-process engines
+        self.tree_context = TreeBatchContext()
+        self.tree_layout: CacheLayout | None = None
+        self.tree_hidden_layers: tuple[int, ...] = ()
+        self._tries: dict[str, RequestTrie] = {}
+        self._step_tries: dict[str, StepTrie] = {}
+        self._proposed = False
+
+    # ---- set-up ---------------------------------------------------------------------------------
+    def initialize_kv_cache(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
+        super().initialize_kv_cache(*args, **kwargs)
+        if len(self.kv_cache_config.kv_cache_groups) != 1:
+            raise ValueError("tree verification (K > 1) supports models with one KV cache group")
+        from vllm.config import get_layers_from_vllm_config
+        from vllm.model_executor.layers.attention import Attention
+
+        layers = get_layers_from_vllm_config(self.vllm_config, Attention)
+        self.tree_layout = install_tree_attention(layers, self.tree_context)
+        self._kv_caches = list({id(layer.kv_cache): layer.kv_cache
+                                for layer in layers.values()}.values())
+
+    # ---- one step -------------------------------------------------------------------------------
+    def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray  # noqa: ANN401
+                        ) -> Any:  # noqa: ANN401
+        out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
+        self._step_tries = {}
+        requests: list[TreeRequest] = []
+        slot_mapping = self.input_batch.block_table[0].slot_mapping.gpu
+        for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
+            trie = self._tries.get(req_id)
+            i = self.input_batch.req_id_to_index.get(req_id)
+            if trie is None or i is None:
+                continue
+            n = len(spec) + 1
+            if int(num_scheduled_tokens[i]) != n or list(spec) != trie.draft_tokens()[: n - 1] \
+                    or trie.is_chain(n):
+                continue
+            trie = trie.truncated(n)
+            start = int(self.query_start_loc.np[i])
+            prefix = int(self.input_batch.num_computed_tokens_cpu[i])
+            self.positions[start:start + n] = prefix + trie.depths
+            self._step_tries[req_id] = StepTrie(trie, i, slot_mapping[start:start + n].clone())
+            requests.append(TreeRequest(start, n, prefix, i, trie.ancestor_mask()))
+        self._tries = {}
+        self.tree_context.set(requests)
+        return out
+
+    def _model_forward(self, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        try:
+            return super()._model_forward(*args, **kwargs)
+        finally:
+            self.tree_context.clear()
+
+    def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:  # noqa: ANN401
+        if spec_decode_metadata is None or not self._step_tries or logits is None:
+            return super()._sample(logits, spec_decode_metadata)
+        rows, drafts, paths = self._select_chains(logits, spec_decode_metadata)
+        chain_logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
+        metadata = chain_metadata(drafts, logits.device)
+        sampling_metadata = self.input_batch.sampling_metadata
+        if sampling_metadata.spec_token_ids is not None:
+            sampling_metadata = replace(sampling_metadata, spec_token_ids=drafts)
+        output = self.rejection_sampler(metadata, None, chain_logits, sampling_metadata)
+        self._commit_kv(output.sampled_token_ids, paths)
+        self._step_tries = {}
+        return output
+
+    def _select_chains(self, logits: torch.Tensor, meta: SpecDecodeMetadata
+                       ) -> tuple[list[int], list[list[int]], dict[int, Selection]]:
+        """Per request: its logits rows and drafts as a chain; tries contribute [root, path of
+        k*]. Returns (rows, drafts, {batch index: the selection})."""
+        counts = meta.num_draft_tokens
+        flat = meta.draft_token_ids.tolist()
+        rows: list[int] = []
+        drafts: list[list[int]] = []
+        paths: dict[int, Selection] = {}
+        start = draft_start = 0
+        for i, n in enumerate(counts):
+            step = self._step_tries.get(self.input_batch.req_ids[i])
+            if step is None:
+                rows.extend(range(start, start + n + 1))
+                drafts.append(flat[draft_start:draft_start + n])
+            else:
+                params = self.requests[self.input_batch.req_ids[i]].sampling_params
+                k, tau = select_candidate(step.trie, logits[start:start + n + 1], params)
+                path = step.trie.draft_nodes[k]
+                paths[i] = Selection(k, step.trie.sources[k], path, float(tau[k]),
+                                     float(tau.mean()))
+                rows.append(start)
+                rows.extend((start + path).tolist())
+                drafts.append(step.trie.tokens[path].tolist())
+            start += n + 1
+            draft_start += n
+        return rows, drafts, paths
+
+    def _commit_kv(self, sampled: torch.Tensor, paths: dict[int, Selection]) -> None:
+        """Copy the accepted nodes' KV to the canonical slots (depth j -> linear index j), and
+        report the steps to the proposer's statistics."""
+        assert self.tree_layout is not None
+        src, dst = [], []
+        valid = (sampled != -1).sum(dim=1) - 1
+        accepted_all = []
+        for i, chosen in paths.items():
+            step = self._step_tries[self.input_batch.req_ids[i]]
+            accepted = int(valid[i])
+            accepted_all.append(accepted)
+            for j in range(1, accepted + 1):
+                node = int(chosen.path[j - 1])
+                if node != j:
+                    src.append(step.slots[node])
+                    dst.append(step.slots[j])
+        self.drafter.record_tree_steps(accepted_all, [c.k for c in paths.values()],
+                                       [c.source for c in paths.values()],
+                                       [c.tau for c in paths.values()],
+                                       [c.tau_mean for c in paths.values()])
+        if not src:
+            return
+        src_t, dst_t = torch.stack(src), torch.stack(dst)
+        for kv_cache in self._kv_caches:
+            self.tree_layout.move(kv_cache, src_t, dst_t)
+
+    # ---- proposing ------------------------------------------------------------------------------
+    def propose_draft_token_ids(self, scheduler_output: Any, sampled_token_ids: Any,  # noqa: ANN401
+                                *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        drafter = self.drafter
+        req_ids = self.input_batch.req_ids
+        drafter.tree_rows = np.array([
+            tree_eligible(getattr(self.requests.get(r), "sampling_params", None))
+            for r in req_ids], dtype=bool)
+        drafts = super().propose_draft_token_ids(scheduler_output, sampled_token_ids, *args,
+                                                 **kwargs)
+        self._tries = {req_ids[i]: trie for i, trie in enumerate(drafter.last_tries)
+                       if trie is not None and i < len(req_ids)}
+        self._proposed = True
+        return drafts
+
+    def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        self._proposed = False
+        out = super().sample_tokens(*args, **kwargs)
+        if not self._proposed:
+            self._tries = {}  # vLLM sent zero drafts (context near max_model_len) or none
+        return out
+
+
+class SpecDiffCPUWorker(CPUWorker):
+    """vLLM's CPU worker with `SpecDiffCPUModelRunner` (worker_cls for K > 1)."""
+
+    def init_device(self) -> None:
+        super().init_device()
+        if self.use_v2_model_runner:
+            raise ValueError("tree verification (K > 1) needs vLLM's V1 model runner "
+                             "(unset VLLM_USE_V2_MODEL_RUNNER)")
+        self.model_runner = SpecDiffCPUModelRunner(self.vllm_config, torch.device("cpu"))
