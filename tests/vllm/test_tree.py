@@ -127,6 +127,44 @@ def test_self_selection_beats_the_argmax_draft(tiny_verifier, tiny_drafter):
     assert accepted[4] > accepted[1] + 0.2, accepted
 
 
+def test_ngram_candidate_wins_where_the_text_repeats(tiny_verifier, tiny_drafter):
+    """Greedy text of the tiny verifier falls into loops; prompt lookup then proposes the loop's
+    continuation, which the swapped (wrong-argmax) drafter cannot."""
+    from vllm import LLM, SamplingParams
+
+    spec = LLM(**_engine_kwargs(tiny_verifier),
+               **_tree_args(tiny_drafter, 4, 2, candidates=["argmax", "sample", "ngram"]))
+    spec.collective_rpc(_swap_top_two)
+    params = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
+    repeat = " ".join(["w1 w2 w3 w4 w5 w6 w7"] * 4)
+    spec.generate([repeat, _prompts()[1]], params, use_tqdm=False)
+    sources = spec.collective_rpc(_proposer_stats)[0]["tree"]["chosen_sources"]
+    del spec
+    gc.collect()
+    assert sources.get("ngram", 0) > 5, sources
+
+
+def test_generate_cli_with_four_candidates_matches_plain(tmp_path, tiny_verifier, tiny_drafter):
+    import json
+    import subprocess
+    import sys
+
+    (tmp_path / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": p}) + "\n" for p in _prompts()[:3]))
+
+    def run(extra: list[str], name: str) -> list[list[int]]:
+        out = tmp_path / f"{name}.jsonl"
+        cmd = [sys.executable, "-m", "vllm_specdiff.cli", "generate",
+               "--input", str(tmp_path / "prompts.jsonl"), "--output", str(out),
+               "--model", str(tiny_verifier), "--max-model-len", "256", "--max-num-seqs", "2",
+               "--max-tokens", "24", "--gamma", "4", "--drafter", str(tiny_drafter), *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return [json.loads(line)["output_token_ids"] for line in out.read_text().splitlines()]
+
+    assert run(["-K", "4", "--drafter-temperature", "1.5"], "tree") == run(["--no-spec"], "plain")
+
+
 # ---- temperature 1 --------------------------------------------------------------------------
 WORDS_SMALL = 6
 SAMPLES = 500

@@ -289,3 +289,10 @@ class SpecDiffProposer:
             "(%d verify steps), cache %s",
             1000.0 * d_secs / max(d_calls, 1), d_calls, self.stats.mean_accepted_length,
             self.gamma, steps, self.drafter.cache_stats() if self.drafter is not None else {})
+        if self.config.K > 1:
+            tree = self.tree_stats
+            _logger().info(
+                "SpecDiff self-selection (K=%d): %d trie steps, mean accepted length %.2f, "
+                "chosen %s, mean tau chosen %.2f vs all %.2f", self.config.K, tree.steps,
+                tree.mean_accepted_length, self.chosen_sources,
+                self.tau_chosen / max(tree.steps, 1), self.tau_all / max(tree.steps, 1))
