@@ -200,8 +200,8 @@ class SpecDiffProposer:
             if not allowed or room < self.gamma or budget < self.gamma + 1:
                 drafts[i] = candidates[r, 0, :room].tolist()
                 continue
-            trie = build_request_trie(int(context[-1]), *self._with_ngram(context, candidates[r]),
-                                      budget)
+            row_drafts, sources = self._with_ngram(context, candidates[r])
+            trie = build_request_trie(int(context[-1]), row_drafts, budget, sources)
             self.last_tries[i] = trie
             drafts[i] = trie.draft_tokens()
 
