@@ -103,17 +103,20 @@ class SpecDiffProposer:
                        self.cache_size)
 
     def _check_positions(self) -> None:
-        """Fail at start-up, not mid-run, when a long request would not fit the drafter.
+        """Fail at start-up when long requests could never be drafted for.
 
-        vLLM only asks for drafts while context + gamma <= max_model_len, so the drafter must
-        cover max_model_len positions, or context_window + gamma of them.
+        Rows whose context + gamma passes the drafter's positions (or max_model_len) get
+        shorter drafts in `propose`; but past the drafter's last position no draft fits at all,
+        so without a context window the drafter must cover max_model_len positions, and with
+        one, context_window + gamma of them.
         """
         limit = int(self.drafter.max_positions)
         window = self.config.context_window
         if window is None and self.max_model_len > limit:
             raise ValueError(
                 f"the drafter supports {limit} positions but max_model_len is "
-                f"{self.max_model_len}: lower --max-model-len to {limit} or set "
+                f"{self.max_model_len}: lower --max-model-len to at most {limit} (drafts get "
+                f"shorter within {self.gamma} tokens of it) or set "
                 f"additional_config['specdiff']['context_window'] <= {limit - self.gamma}")
         if window is not None and window + self.gamma > limit:
             raise ValueError(
@@ -143,7 +146,7 @@ class SpecDiffProposer:
             prev = self._pending.pop(self._signature(context[: n - len(sampled)]), None)
             if prev is not None:
                 accepted.append(min(len(sampled) - 1, prev))
-            room = min(self.gamma, self.max_model_len - n)
+            room = min(self.gamma, self.max_model_len - n, self.drafter.draft_room(n))
             if room <= 0:
                 continue
             rows.append(i)
@@ -153,11 +156,9 @@ class SpecDiffProposer:
         if accepted:
             self.stats.record(accepted, self.gamma)
         if rows:
-            logits = self.drafter.draft_logits(contexts, self.gamma, steps=self.config.steps)
-            marginals = draft_marginals(logits, self.config.temperature, self.config.top_k)
-            tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
+            tokens = self._draft(contexts, lengths)
             for i, context, room, draft in zip(rows, contexts, lengths, tokens, strict=True):
-                drafts[i] = draft[:room]
+                drafts[i] = draft
                 self._pending[self._signature(context.numpy())] = room
         elapsed = time.perf_counter() - start
         with self._lock:
@@ -166,6 +167,20 @@ class SpecDiffProposer:
             self.drafter_seconds += elapsed
         self._maybe_log()
         return drafts
+
+    def _draft(self, contexts: list[torch.Tensor], lengths: list[int]) -> list[list[int]]:
+        """`lengths[j]` draft tokens for context j. Rows near the position limit get shorter
+        drafts than gamma; the drafter runs once per distinct length (once, away from it)."""
+        out: list[list[int]] = [[] for _ in contexts]
+        for length in sorted(set(lengths), reverse=True):
+            group = [j for j, n in enumerate(lengths) if n == length]
+            logits = self.drafter.draft_logits([contexts[j] for j in group], length,
+                                               steps=min(self.config.steps, length))
+            marginals = draft_marginals(logits, self.config.temperature, self.config.top_k)
+            tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
+            for j, draft in zip(group, tokens, strict=True):
+                out[j] = draft
+        return out
 
     # ---- metrics --------------------------------------------------------------------------------
     @staticmethod
