@@ -211,3 +211,34 @@ def test_drafter_option_needs_a_drafter_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match="has no config.json"):
         parse_specdiff_config({"specdiff": {"drafter": str(tmp_path)}})
     assert parse_specdiff_config({"specdiff": {"lora": str(tmp_path)}}).lora == str(tmp_path)
+
+
+def test_num_speculative_tokens_limit_is_read_from_vllm(monkeypatch):
+    from vllm.v1.sample import rejection_sampler
+
+    from vllm_specdiff.commands.serve import check_specdiff_args
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+
+    real = rejection_sampler.MAX_SPEC_LEN
+    with pytest.raises(ValueError, match=rf"\[1, {real}\].*MAX_SPEC_LEN = {real}.*got {real + 1}"):
+        specdiff_engine_args(real + 1)
+    spec = json.dumps({"model": "vllm_specdiff.SpecDiffProposer", "num_speculative_tokens": 1000})
+    with pytest.raises(ValueError, match=f"MAX_SPEC_LEN = {real}"):
+        check_specdiff_args(["--speculative-config", spec])
+    monkeypatch.setattr(rejection_sampler, "MAX_SPEC_LEN", 5)  # the number is vLLM's, not ours
+    assert specdiff_engine_args(5)["speculative_config"]["num_speculative_tokens"] == 5
+    with pytest.raises(ValueError, match=r"\[1, 5\]"):
+        specdiff_engine_args(6)
+
+
+@pytest.mark.vllm
+def test_too_many_speculative_tokens_fail_engine_start(tiny_verifier, tiny_drafter):
+    from vllm import LLM
+    from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
+
+    with pytest.raises(Exception, match=f"MAX_SPEC_LEN = {MAX_SPEC_LEN}"):
+        LLM(model=str(tiny_verifier), max_model_len=512, kv_cache_memory_bytes=2**20,
+            enforce_eager=True, dtype="float32",
+            speculative_config={"model": "vllm_specdiff.SpecDiffProposer",
+                                "num_speculative_tokens": 1000},
+            additional_config={"specdiff": {"drafter": str(tiny_drafter)}})

@@ -53,7 +53,7 @@ def _json_option(argv: list[str], *names: str) -> dict | None:
 
 def check_specdiff_args(argv: list[str]) -> None:
     """Validate our options now if the speculative model is the SpecDiff proposer."""
-    from vllm_specdiff.plugin.config import parse_specdiff_config
+    from vllm_specdiff.plugin.config import check_num_speculative_tokens, parse_specdiff_config
 
     if any(arg.startswith(("--speculative-config.", "-sc.")) for arg in argv):
         return  # dotted sub-options: vLLM assembles them; the proposer validates at start-up
@@ -64,9 +64,8 @@ def check_specdiff_args(argv: list[str]) -> None:
             raise ValueError("--additional-config has a 'specdiff' section but "
                              f"--speculative-config does not use model={PROPOSER_PATH!r}")
         return
-    gamma = spec.get("num_speculative_tokens")
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError("--speculative-config needs num_speculative_tokens >= 1 (an integer)")
+    gamma = check_num_speculative_tokens(spec.get("num_speculative_tokens"),
+                                         "--speculative-config num_speculative_tokens")
     parse_specdiff_config(additional, gamma=gamma)
 
 

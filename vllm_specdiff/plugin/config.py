@@ -73,6 +73,24 @@ def _number(name: str, value: Any, minimum: float) -> float:  # noqa: ANN401
     return float(value)
 
 
+def max_spec_len() -> int:
+    """The most draft tokens per step vLLM's rejection sampler handles (read from vLLM: a
+    larger num_speculative_tokens starts, then fails an assertion on the first request)."""
+    from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
+
+    return int(MAX_SPEC_LEN)
+
+
+def check_num_speculative_tokens(value: Any, name: str = "num_speculative_tokens") -> int:  # noqa: ANN401
+    """The one check of gamma, for every way it arrives (engine args, serve, the proposer)."""
+    limit = max_spec_len()
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise ValueError(f"{name} must be an integer in [1, {limit}] (vLLM's rejection sampler "
+                         f"verifies at most MAX_SPEC_LEN = {limit} draft tokens per step), "
+                         f"got {value!r}")
+    return value
+
+
 def _directory(name: str, value: Any, marker: str, kind: str) -> str | None:  # noqa: ANN401
     """A directory path that holds `marker` (config.json for drafters, adapter_config.json
     for LoRA adapters)."""

@@ -23,7 +23,11 @@ import numpy as np
 import torch
 
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
-from vllm_specdiff.plugin.config import SpecDiffConfig, parse_specdiff_config
+from vllm_specdiff.plugin.config import (
+    SpecDiffConfig,
+    check_num_speculative_tokens,
+    parse_specdiff_config,
+)
 from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
 
 # Tokens of context that identify a row between two steps (with its length) when counting how
@@ -46,10 +50,9 @@ class SpecDiffProposer:
 
     def __init__(self, vllm_config: Any) -> None:  # noqa: ANN401
         spec = vllm_config.speculative_config
-        if spec is None or not spec.num_speculative_tokens:
-            raise ValueError("SpecDiffProposer needs speculative_config.num_speculative_tokens "
-                             ">= 1")
-        self.gamma = int(spec.num_speculative_tokens)
+        self.gamma = check_num_speculative_tokens(
+            None if spec is None else spec.num_speculative_tokens,
+            "speculative_config.num_speculative_tokens")
         self.config: SpecDiffConfig = parse_specdiff_config(vllm_config.additional_config,
                                                             gamma=self.gamma)
         if fix_cpu_expand_kernel():
