@@ -184,7 +184,7 @@ def _proposer(drafter, max_model_len: int, gamma: int = 4, **options):
         speculative_config=SimpleNamespace(num_speculative_tokens=gamma),
         additional_config={"specdiff": {"drafter": str(drafter), "log_interval": 0, **options}},
         model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: vocab,
-                                     tokenizer=None),
+                                     skip_tokenizer_init=True),
         scheduler_config=SimpleNamespace(max_num_seqs=4))
     return SpecDiffProposer(cfg)
 
