@@ -26,7 +26,8 @@ KNOWN_TYPES = (BLOCK_CAUSAL_TYPE, *DREAM_TYPES, *LLADA_TYPES)
 def load_drafter(path: str | Path, *, lora: str | Path | None = None,
                  dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
                  context_window: int | None = None, verifier_vocab_size: int | None = None,
-                 cache_size: int = 64, verifier_tokenizer: object = None) -> Drafter:
+                 cache_size: int = 64, verifier_tokenizer: object = None,
+                 cache_bytes: int | None = None) -> Drafter:
     """Load a drafter directory (config.json + safetensors), offline, without remote code.
 
     lora: a PEFT adapter directory merged into the weights at load time.
@@ -35,6 +36,7 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     verifier_vocab_size: number of verifier token ids the output must cover; ids beyond it (mask,
       appended extras) are dropped. A drafter that covers fewer ids is a vocabulary mismatch.
     cache_size: KV-pool entries of the block-causal drafter (0 disables its cache).
+    cache_bytes: byte budget of that KV pool (None: 1 GiB).
     verifier_tokenizer: the verifier's tokenizer (directory or object with get_vocab()); when
       given, every verifier token must have the same id in the drafter directory's tokenizer.
     """
@@ -48,7 +50,8 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     load_dtype = torch.float32 if lora is not None else dtype
     if model_type == BLOCK_CAUSAL_TYPE:
         drafter: Drafter = BlockCausalDrafter.from_pretrained(
-            path, dtype=load_dtype, cache_size=cache_size, context_window=context_window)
+            path, dtype=load_dtype, cache_size=cache_size, context_window=context_window,
+            cache_bytes=cache_bytes)
     elif model_type in DREAM_TYPES:
         drafter = DreamDrafter.from_pretrained(path, dtype=load_dtype,
                                                context_window=context_window)

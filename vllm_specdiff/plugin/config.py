@@ -28,11 +28,14 @@ class SpecDiffConfig:
     top_k: keep only the top-k drafter logits per position before sampling (None: all).
     steps: denoising steps per draft (the paper uses 1).
     context_window: trailing context tokens the drafter sees (None: the whole context). The
-      block-causal drafter caches the context encoding, so a window only saves work for formats
-      that re-encode the context every step.
+      block-causal drafter moves the window's start in steps of half the window, so it sees
+      the last W/2+1 .. W tokens and its cache keeps hitting between the steps.
     seed: seed of the drafter's sampling generator (drafts, hence runs, are reproducible).
     cache_size: per-sequence KV-cache entries the block-causal drafter keeps (None: twice
       `max_num_seqs`, at least 16). Bounded: least recently used entries are dropped.
+    cache_bytes: byte budget of that KV cache (None: 1 GiB). It lives outside vLLM's memory
+      budget (on the verifier's device), so it needs its own bound; entries no running request
+      uses are dropped first.
     log_interval: seconds between the drafter's log lines (0 disables them).
     """
 
@@ -44,6 +47,7 @@ class SpecDiffConfig:
     context_window: int | None = None
     seed: int = 0
     cache_size: int | None = None
+    cache_bytes: int | None = None
     log_interval: float = 10.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,5 +152,7 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
         seed=_int("seed", get("seed", defaults.seed), 0),
         cache_size=_int("cache_size", get("cache_size", defaults.cache_size), 1,
                         allow_none=True),
+        cache_bytes=_int("cache_bytes", get("cache_bytes", defaults.cache_bytes), 1,
+                         allow_none=True),
         log_interval=_number("log_interval", get("log_interval", defaults.log_interval), 0.0),
     )
