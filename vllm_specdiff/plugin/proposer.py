@@ -41,6 +41,15 @@ def _logger() -> Any:  # noqa: ANN401
     return init_logger("vllm.specdiff")  # under "vllm", so vLLM's log handlers print it
 
 
+def verifier_tokenizer(model_config: Any) -> Any:  # noqa: ANN401
+    """vLLM's own tokenizer of the served model, whatever names it (a hub id, a local
+    directory, a ModelScope id); None when vLLM skips tokenizer init. `model_config.tokenizer`
+    is only a name, not necessarily a directory to read a vocabulary from."""
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    return cached_tokenizer_from_config(model_config)
+
+
 class SpecDiffProposer:
     """Drafts `num_speculative_tokens` tokens per request with a masked-diffusion drafter (K=1).
 
@@ -61,7 +70,7 @@ class SpecDiffProposer:
         model_config = vllm_config.model_config
         self.max_model_len = int(model_config.max_model_len)
         self.verifier_vocab_size = int(model_config.get_vocab_size())
-        self.verifier_tokenizer = model_config.tokenizer
+        self.model_config = model_config
         max_num_seqs = int(vllm_config.scheduler_config.max_num_seqs)
         self.cache_size = self.config.cache_size or max(16, 2 * max_num_seqs)
         self.drafter: Any = None
@@ -96,7 +105,8 @@ class SpecDiffProposer:
             path, lora=self.config.lora, dtype=dtype, device=device,
             context_window=self.config.context_window,
             verifier_vocab_size=self.verifier_vocab_size, cache_size=self.cache_size,
-            verifier_tokenizer=self.verifier_tokenizer, cache_bytes=self.config.cache_bytes)
+            verifier_tokenizer=verifier_tokenizer(self.model_config),
+            cache_bytes=self.config.cache_bytes)
         self._check_positions()
         self.drafter_path = path
         self.generator = torch.Generator(device=device)
