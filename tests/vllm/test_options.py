@@ -183,8 +183,8 @@ def _proposer(drafter, max_model_len: int, gamma: int = 4, **options):
     cfg = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=gamma),
         additional_config={"specdiff": {"drafter": str(drafter), "log_interval": 0, **options}},
-        model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: vocab,
-                                     skip_tokenizer_init=True),
+        model_config=SimpleNamespace(model="tiny-verifier", max_model_len=max_model_len,
+                                     get_vocab_size=lambda: vocab, skip_tokenizer_init=True),
         scheduler_config=SimpleNamespace(max_num_seqs=4))
     return SpecDiffProposer(cfg)
 
@@ -242,3 +242,42 @@ def test_too_many_speculative_tokens_fail_engine_start(tiny_verifier, tiny_draft
             speculative_config={"model": "vllm_specdiff.SpecDiffProposer",
                                 "num_speculative_tokens": 1000},
             additional_config={"specdiff": {"drafter": str(tiny_drafter)}})
+
+
+def test_default_drafter_only_for_the_default_verifier(monkeypatch, tmp_path):
+    from vllm_specdiff import models
+    from vllm_specdiff.commands.serve import check_specdiff_args, serve
+    from vllm_specdiff.plugin.config import check_drafter_for
+
+    monkeypatch.delenv(models.DRAFTER_ENV, raising=False)
+    monkeypatch.setattr(models, "default_verifier_dir", lambda: tmp_path / "verifier")
+    (tmp_path / "verifier").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "verifier")
+    for model in (None, str(tmp_path / "link"), f"/elsewhere/{models.VERIFIER_NAME}",
+                  f"HuggingFaceTB/{models.VERIFIER_NAME}"):
+        check_drafter_for(model, None)  # the default verifier, however it is named
+    check_drafter_for("Qwen/Qwen2.5-7B-Instruct", "/my/drafter")
+    with pytest.raises(ValueError, match=r"\['drafter'\] is required when serving 'Qwen/Qwen2"):
+        check_drafter_for("Qwen/Qwen2.5-7B-Instruct", None)
+    monkeypatch.setenv(models.DRAFTER_ENV, str(tmp_path))  # an explicit default drafter
+    check_drafter_for("Qwen/Qwen2.5-7B-Instruct", None)
+    monkeypatch.delenv(models.DRAFTER_ENV)
+    spec = json.dumps({"model": "vllm_specdiff.SpecDiffProposer", "num_speculative_tokens": 4})
+    with pytest.raises(ValueError, match="is required when serving 'org/other'"):
+        check_specdiff_args(["--model", "org/other", "-sc", spec])
+    check_specdiff_args(["-sc", spec])  # no model: serve inserts the default verifier
+    assert serve(["org/other", "-sc", spec]) == 2
+
+
+@pytest.mark.vllm
+def test_other_verifier_without_drafter_fails_engine_start(tiny_verifier, monkeypatch):
+    from vllm import LLM
+
+    from vllm_specdiff import models
+
+    monkeypatch.delenv(models.DRAFTER_ENV, raising=False)
+    with pytest.raises(Exception, match="'drafter'\\] is required when serving"):
+        LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=2**20,
+            enforce_eager=True, dtype="float32",
+            speculative_config={"model": "vllm_specdiff.SpecDiffProposer",
+                                "num_speculative_tokens": 2})

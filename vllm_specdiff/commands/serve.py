@@ -51,9 +51,21 @@ def _json_option(argv: list[str], *names: str) -> dict | None:
     return value
 
 
+def _served_model(argv: list[str]) -> str | None:
+    """The model argument of `vllm serve` (positional or --model); None: the default one."""
+    if argv and not argv[0].startswith("-"):
+        return argv[0]
+    values = _option_values(argv, "--model")
+    return values[-1] if values else None
+
+
 def check_specdiff_args(argv: list[str]) -> None:
     """Validate our options now if the speculative model is the SpecDiff proposer."""
-    from vllm_specdiff.plugin.config import check_num_speculative_tokens, parse_specdiff_config
+    from vllm_specdiff.plugin.config import (
+        check_drafter_for,
+        check_num_speculative_tokens,
+        parse_specdiff_config,
+    )
 
     if any(arg.startswith(("--speculative-config.", "-sc.")) for arg in argv):
         return  # dotted sub-options: vLLM assembles them; the proposer validates at start-up
@@ -66,7 +78,8 @@ def check_specdiff_args(argv: list[str]) -> None:
         return
     gamma = check_num_speculative_tokens(spec.get("num_speculative_tokens"),
                                          "--speculative-config num_speculative_tokens")
-    parse_specdiff_config(additional, gamma=gamma)
+    config = parse_specdiff_config(additional, gamma=gamma)
+    check_drafter_for(_served_model(argv), config.drafter)
 
 
 def _is_cpu_build() -> bool:

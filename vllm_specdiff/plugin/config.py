@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +94,32 @@ def check_num_speculative_tokens(value: Any, name: str = "num_speculative_tokens
                          f"verifies at most MAX_SPEC_LEN = {limit} draft tokens per step), "
                          f"got {value!r}")
     return value
+
+
+def is_default_verifier(model: str) -> bool:
+    """True for the default verifier: its converted directory, or any copy or hub id of it
+    (a path or id whose last component is its name)."""
+    from vllm_specdiff import models
+
+    path = Path(model).expanduser()
+    if path.name == models.VERIFIER_NAME:
+        return True
+    return path.exists() and path.resolve() == models.default_verifier_dir().resolve()
+
+
+def check_drafter_for(model: str | None, drafter: str | None) -> None:
+    """Without a `drafter` option only the default verifier (model None) may be served: the
+    default drafter is built from its layers and fits no other model's vocabulary. A drafter
+    named by $SPECDIFF_DRAFTER is the user's explicit choice and is allowed for any model."""
+    from vllm_specdiff import models
+
+    if drafter is not None or model is None or os.environ.get(models.DRAFTER_ENV) \
+            or is_default_verifier(model):
+        return
+    raise ValueError(
+        f"{_opt('drafter')} is required when serving {model!r}: the default drafter is built "
+        f"from the default verifier ({models.VERIFIER_NAME}) and fits no other model; pass a "
+        "drafter directory made for this model's tokenizer (or $SPECDIFF_DRAFTER)")
 
 
 def _directory(name: str, value: Any, marker: str, kind: str) -> str | None:  # noqa: ANN401

@@ -25,6 +25,7 @@ import torch
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
 from vllm_specdiff.plugin.config import (
     SpecDiffConfig,
+    check_drafter_for,
     check_num_speculative_tokens,
     parse_specdiff_config,
 )
@@ -68,6 +69,7 @@ class SpecDiffProposer:
             _logger().info("SpecDiff: installed the fix for vLLM's CPU expand_kernel "
                            "(temperature > 0 verification)")
         model_config = vllm_config.model_config
+        check_drafter_for(str(model_config.model), self.config.drafter)
         self.max_model_len = int(model_config.max_model_len)
         self.verifier_vocab_size = int(model_config.get_vocab_size())
         self.model_config = model_config
