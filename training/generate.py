@@ -17,7 +17,9 @@ from typing import Any, Protocol
 import torch
 from tqdm import tqdm
 
-from training.data import (
+from vllm_specdiff.prompts import encode_prompt, read_prompts
+
+from .data import (
     FORMAT,
     META_FILE,
     SequenceChunk,
@@ -27,7 +29,6 @@ from training.data import (
     write_meta,
     write_shard,
 )
-from vllm_specdiff.prompts import encode_prompt, read_prompts
 
 log = logging.getLogger(__name__)
 
