@@ -14,13 +14,36 @@ import torch
 from .base import Drafter
 from .block_causal import MODEL_TYPE as BLOCK_CAUSAL_TYPE
 from .block_causal import BlockCausalDrafter
-from .checkpoint import parse_dtype, read_config
+from .checkpoint import parse_dtype, read_config, tensor_shapes, weight_files
 from .dream import DREAM_TYPES, DreamDrafter
 from .llada import LLADA_TYPES, LLaDADrafter
-from .lora import merge_lora
+from .lora import check_adapter_dir, check_adapter_fits, merge_lora
 from .vocab import D2T_FILE, apply_reduced_vocab, check_tokenizer_match, load_d2t
 
 KNOWN_TYPES = (BLOCK_CAUSAL_TYPE, *DREAM_TYPES, *LLADA_TYPES)
+
+
+def check_drafter_dir(path: str | Path) -> dict:
+    """What can be checked without loading weights, so that a broken directory fails in
+    seconds (the option check before vLLM starts) instead of deep inside engine start-up:
+    config.json (valid JSON, a known model_type) and readable safetensors weights. Returns the
+    config."""
+    cfg = read_config(path)
+    model_type = cfg.get("model_type")
+    if model_type not in KNOWN_TYPES:
+        raise ValueError(f"unknown drafter model_type {model_type!r} in "
+                         f"{str(Path(path) / 'config.json')!r}; supported: {list(KNOWN_TYPES)}")
+    tensor_shapes(weight_files(path))
+    return cfg
+
+
+def check_lora_for(path: str | Path, lora: str | Path) -> None:
+    """An adapter's files, and for the block-causal format (whose tensor names are module
+    names) its targets and shapes against the drafter's, all from file headers."""
+    check_adapter_dir(lora)
+    if read_config(path).get("model_type") == BLOCK_CAUSAL_TYPE \
+            and not (Path(path) / D2T_FILE).is_file():
+        check_adapter_fits(lora, tensor_shapes(weight_files(path)))
 
 
 def load_drafter(path: str | Path, *, lora: str | Path | None = None,
@@ -40,7 +63,9 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     verifier_tokenizer: the verifier's tokenizer (directory or object with get_vocab()); when
       given, every verifier token must have the same id in the drafter directory's tokenizer.
     """
-    cfg = read_config(path)
+    cfg = check_drafter_dir(path)
+    if lora is not None:
+        check_lora_for(path, lora)
     model_type = cfg.get("model_type")
     dtype = parse_dtype(dtype)
     device = str(device)
@@ -58,9 +83,8 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     elif model_type in LLADA_TYPES:
         drafter = LLaDADrafter.from_pretrained(path, dtype=load_dtype,
                                                context_window=context_window)
-    else:
-        raise ValueError(f"unknown drafter model_type {model_type!r} in {str(path)!r}; "
-                         f"supported: {list(KNOWN_TYPES)}")
+    else:  # check_drafter_dir admits only KNOWN_TYPES
+        raise AssertionError(model_type)
     d2t_path = Path(path) / D2T_FILE
     if d2t_path.is_file() and drafter.draft_to_verifier is None:
         apply_reduced_vocab(drafter, load_d2t(d2t_path))

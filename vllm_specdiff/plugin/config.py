@@ -122,20 +122,35 @@ def check_drafter_for(model: str | None, drafter: str | None) -> None:
         "drafter directory made for this model's tokenizer (or $SPECDIFF_DRAFTER)")
 
 
-def _directory(name: str, value: Any, marker: str, kind: str) -> str | None:  # noqa: ANN401
-    """A directory path that holds `marker` (config.json for drafters, adapter_config.json
-    for LoRA adapters)."""
+def _path(name: str, value: Any) -> str | None:  # noqa: ANN401
     if value is None:
         return None
     if not isinstance(value, str | Path) or not str(value):
         raise ValueError(f"{_opt(name)} must be a directory path, got {value!r}")
-    path = Path(value).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(f"{_opt(name)}: directory {str(path)!r} does not exist")
-    if not (path / marker).is_file():
-        raise FileNotFoundError(f"{_opt(name)}: {str(path)!r} has no {marker} "
-                                f"(expected a {kind} directory)")
-    return str(path)
+    return str(Path(value).expanduser())
+
+
+def _checked(name: str, check: Any, *args: Any) -> None:  # noqa: ANN401
+    """Run one of the drafter's own file checks, its error prefixed with the option's name."""
+    try:
+        check(*args)
+    except (FileNotFoundError, ValueError) as e:
+        raise type(e)(f"{_opt(name)}: {e}") from None
+
+
+def check_paths(drafter: str | None, lora: str | None) -> None:
+    """The drafter and adapter files, checked in seconds before the engine starts (the same
+    checks `load_drafter` runs): a broken config.json, an unknown model_type, missing weights
+    or an adapter that does not fit otherwise fail deep inside a worker's start-up."""
+    from vllm_specdiff.drafter.loading import check_drafter_dir, check_lora_for
+    from vllm_specdiff.drafter.lora import check_adapter_dir
+
+    if drafter is not None:
+        _checked("drafter", check_drafter_dir, drafter)
+    if lora is not None and drafter is None:  # the default drafter may not be built yet
+        _checked("lora", check_adapter_dir, lora)
+    elif lora is not None:
+        _checked("lora", check_lora_for, drafter, lora)
 
 
 def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> SpecDiffConfig:  # noqa: ANN401
@@ -167,10 +182,12 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
     if gamma is not None and steps > gamma:
         raise ValueError(f"{_opt('steps')}={steps} exceeds num_speculative_tokens={gamma}")
     top_k = _int("top_k", get("top_k", defaults.top_k), 1, allow_none=True)
+    drafter = _path("drafter", get("drafter", defaults.drafter))
+    lora = _path("lora", get("lora", defaults.lora))
+    check_paths(drafter, lora)
     return SpecDiffConfig(
-        drafter=_directory("drafter", get("drafter", defaults.drafter), "config.json", "drafter"),
-        lora=_directory("lora", get("lora", defaults.lora), "adapter_config.json",
-                        "PEFT LoRA adapter"),
+        drafter=drafter,
+        lora=lora,
         temperature=_number("temperature", get("temperature", defaults.temperature), 0.0),
         top_k=top_k,
         steps=steps,
