@@ -47,7 +47,7 @@ def test_vllm_starts_without_a_triton_kernels_import_error():
     result = _installed_python(code)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "False"
-    assert "triton_kernels" not in result.stderr
+    assert "Failed to import Triton kernels" not in result.stdout + result.stderr  # vLLM: stdout
 
 
 def test_console_scripts_run_outside_the_checkout():
