@@ -1,6 +1,7 @@
 """Time the self-selection kernels against their plain-torch alternatives.
 
-    python -m benchmarks.kernels [--device cuda|cpu] [--peak-gbps 4800] [--output table.md]
+    python -m vllm_specdiff_benchmarks.kernels [--device cuda|cpu] [--peak-gbps 4800]
+        [--output table.md]
 
 On CUDA it times, per shape:
   tree attention   Triton kernel (paged prefix + bitmask) vs torch SDPA with a dense boolean
@@ -29,11 +30,12 @@ from dataclasses import dataclass
 
 import torch
 
-from triton_kernels.dispatch import select_backend
-from triton_kernels.tree_attention_ref import tree_attention_torch
-from triton_kernels.tree_mask import tree_mask_from_parents
-from vllm_specdiff.core.scoring import draft_logprob_streak_torch
+from vllm_specdiff.core.backends import select_backend
+from vllm_specdiff.core.scoring import STREAK_KERNEL, draft_logprob_streak_torch
 from vllm_specdiff.core.tree import TokenTree, build_token_tree
+from vllm_specdiff_kernels.dispatch import TREE_ATTENTION_KERNEL
+from vllm_specdiff_kernels.tree_attention_ref import tree_attention_torch
+from vllm_specdiff_kernels.tree_mask import tree_mask_from_parents
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
@@ -176,8 +178,8 @@ def bench_attention(shape: AttentionShape, dtype: torch.dtype, device: torch.dev
     label = shape.label()
     rows = [Row("tree attention", label, "SDPA dense mask" + _where(device, triton=False),
                 time_it(sdpa, device, repeats), nbytes, sdpa_diff())]
-    if select_backend(device) == "triton":
-        from triton_kernels.tree_attention_triton import tree_attention_triton
+    if select_backend(TREE_ATTENTION_KERNEL, device) == "triton":
+        from vllm_specdiff_kernels.tree_attention_triton import tree_attention_triton
 
         def fused() -> torch.Tensor:
             return tree_attention_triton(*args, max_tree_nodes=max_nodes,
@@ -207,8 +209,8 @@ def bench_logprobs(shape: LogprobShape, dtype: torch.dtype, device: torch.device
     rows = [Row("draft log-probs", label, "unfused torch" + _where(device, triton=False),
                 time_it(lambda: draft_logprob_streak_torch(*args), device, repeats), nbytes,
                 0.0)]
-    if select_backend(device) == "triton":
-        from triton_kernels.draft_logprobs_triton import draft_logprob_streak_triton
+    if select_backend(STREAK_KERNEL, device) == "triton":
+        from vllm_specdiff_kernels.draft_logprobs_triton import draft_logprob_streak_triton
 
         got = draft_logprob_streak_triton(*args)
         finite = torch.isfinite(reference[0])
@@ -270,7 +272,7 @@ def main(argv: list[str] | None = None) -> str:
     for shape in GPU_LOGPROBS if on_gpu else CPU_LOGPROBS:
         rows += bench_logprobs(shape, dtype, device, args.repeats)
     name = torch.cuda.get_device_name(device) if on_gpu else (
-        "CPU (Triton interpreted)" if select_backend(device) == "triton" else
+        "CPU (Triton interpreted)" if select_backend(STREAK_KERNEL, device) == "triton" else
         "CPU (torch paths only)")
     header = (f"Kernel benchmark, {time.strftime('%Y-%m-%d', time.gmtime())}, {name}, "
               f"{str(dtype).removeprefix('torch.')}, peak {peak or '-'} GB/s")

@@ -1,6 +1,6 @@
 """Plain decoding of the default verifier under different CPU runtime settings.
 
-    python -m benchmarks.speed_settings --reps 3 --max-tokens 48
+    python -m vllm_specdiff_benchmarks.speed_settings --reps 3 --max-tokens 48
 
 LD_PRELOAD only acts at process start, so each setting runs in its own process; settings are
 run in turn (A B C A B C ...) so load from other processes spreads over all of them. Reports
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, list[float]] = {name: [] for name in args.settings}
     for rep in range(args.reps):
         for name in args.settings:
-            cmd = [sys.executable, "-m", "benchmarks.speed_settings", "--child",
+            cmd = [sys.executable, "-m", "vllm_specdiff_benchmarks.speed_settings", "--child",
                    "--max-tokens", str(args.max_tokens), "--prompts", str(args.prompts)]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=settings_env(name),
                                   timeout=900)

@@ -10,7 +10,9 @@ cd "$ROOT"
 export VLLM_ENABLE_V1_MULTIPROCESSING="${VLLM_ENABLE_V1_MULTIPROCESSING:-0}"
 status=0
 run() {
-  "$VENV/bin/python" -m pytest -q -ra --durations=10 "$@"
+  # -P: the checkout's folders (triton_kernels/, training/, benchmarks/) must not shadow the
+  # installed names (vllm_specdiff_kernels, ...); pyproject.toml sets --import-mode=importlib.
+  "$VENV/bin/python" -P -m pytest -q -ra --durations=10 "$@"
   local rc=$?
   if [ "$rc" -eq 5 ]; then
     echo "run_tests: pytest collected no tests in: $*; the suite is broken" >&2

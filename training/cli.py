@@ -119,9 +119,9 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, required: set[str]) 
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from training.evaluate import EvalConfig
-    from training.generate import GenerateConfig
-    from training.trainer import TrainConfig
+    from .evaluate import EvalConfig
+    from .generate import GenerateConfig
+    from .trainer import TrainConfig
 
     parser = argparse.ArgumentParser(prog="specdiff-distill", description=__doc__.split("\n")[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -146,15 +146,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = cls(**{k: v for k, v in vars(args).items() if k in names})
     try:
         if args.command == "generate":
-            from training.generate import run_generate
+            from .generate import run_generate
 
             result = run_generate(cfg)
         elif args.command == "train":
-            from training.trainer import run_train
+            from .trainer import run_train
 
             result = run_train(cfg)
         else:
-            from training.evaluate import run_eval
+            from .evaluate import run_eval
 
             result = run_eval(cfg)
             result = {"output": cfg.output, "results": {

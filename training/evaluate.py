@@ -23,13 +23,14 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from training.data import check_fingerprint, load_sequences, split_heldout, tokenizer_fingerprint
-from training.losses import expected_streak_of
-from training.model import drafter_from_checkpoint
-from training.windows import VocabMap, eval_windows, make_batch
 from vllm_specdiff.core.metrics import SpecDecodeStats
 from vllm_specdiff.core.sampling import draft_marginals, sample_drafts, target_probs
 from vllm_specdiff.core.scoring import expected_streak
+
+from .data import check_fingerprint, load_sequences, split_heldout, tokenizer_fingerprint
+from .losses import expected_streak_of
+from .model import drafter_from_checkpoint
+from .windows import VocabMap, eval_windows, make_batch
 
 log = logging.getLogger(__name__)
 

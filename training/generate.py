@@ -12,12 +12,14 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from tqdm import tqdm
 
-from training.data import (
+from vllm_specdiff.prompts import encode_prompt, read_prompts
+
+from .data import (
     FORMAT,
     META_FILE,
     SequenceChunk,
@@ -27,7 +29,9 @@ from training.data import (
     write_meta,
     write_shard,
 )
-from vllm_specdiff.prompts import encode_prompt, read_prompts
+
+if TYPE_CHECKING:
+    from transformers import GenerationConfig
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +121,7 @@ class TransformersBackend:
     """Batched `model.generate` with left padding; raw-logit top-k log-probs when asked."""
 
     def __init__(self, cfg: GenerateConfig, tokenizer: Any) -> None:
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, GenerationConfig
 
         self.cfg = cfg
         self.device = _resolve_device(cfg.device)
@@ -130,22 +134,32 @@ class TransformersBackend:
         self.eos_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (min(self.eos_ids) if self.eos_ids else 0)
+        # `generate` fills every field left None from the model's generation_config (min_p,
+        # no_repeat_ngram_size, bad_words_ids, ...: any of them would bend x ~ P): after taking
+        # its end-of-sequence ids, replace it by a neutral one.
+        self.model.generation_config = GenerationConfig(eos_token_id=sorted(self.eos_ids) or None,
+                                                        pad_token_id=self.pad_id)
 
-    def generate(self, prompt_ids: list[list[int]], seed: int) -> SequenceChunk:
+    def sampling_config(self) -> GenerationConfig:
+        """Plain sampling from P at the configured temperature: no filter, penalty or forcing.
+
+        Explicit neutral values where transformers' own defaults are not (its top_k is 50)."""
         from transformers import GenerationConfig
 
         cfg = self.cfg
-        torch.manual_seed(seed)
         sampling = cfg.temperature > 0
-        # Explicit neutral values: None would let the model's own generation_config (top_p,
-        # repetition_penalty, ...) and transformers' top_k=50 default distort x ~ P.
-        gen_cfg = GenerationConfig(
+        return GenerationConfig(
             max_new_tokens=cfg.max_new_tokens, do_sample=sampling,
-            temperature=cfg.temperature if sampling else None, top_k=0, top_p=1.0, min_p=None,
+            temperature=cfg.temperature if sampling else None, top_k=0, top_p=1.0,
             typical_p=1.0, repetition_penalty=1.0,
             num_return_sequences=cfg.num_samples, return_dict_in_generate=True,
             output_logits=cfg.top_logprobs > 0, pad_token_id=self.pad_id,
             eos_token_id=sorted(self.eos_ids) or None)
+
+    def generate(self, prompt_ids: list[list[int]], seed: int) -> SequenceChunk:
+        cfg = self.cfg
+        torch.manual_seed(seed)
+        gen_cfg = self.sampling_config()
         out = SequenceChunk([], [], [], [] if cfg.top_logprobs else None,
                             [] if cfg.top_logprobs else None)
         for lo in range(0, len(prompt_ids), cfg.batch_size):

@@ -21,9 +21,11 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from training.data import check_fingerprint, load_sequences, split_heldout, tokenizer_fingerprint
-from training.losses import SOFT_LOSSES, Targets, expected_streak_of, get_loss
-from training.model import (
+from vllm_specdiff.drafter.vocab import copy_tokenizer_files
+
+from .data import check_fingerprint, load_sequences, split_heldout, tokenizer_fingerprint
+from .losses import SOFT_LOSSES, Targets, expected_streak_of, get_loss
+from .model import (
     DEFAULT_LORA_TARGETS,
     WindowModel,
     add_lora,
@@ -36,7 +38,7 @@ from training.model import (
     trainable_state,
     write_json,
 )
-from training.windows import (
+from .windows import (
     VocabMap,
     WindowBatch,
     batch_generator,
@@ -45,7 +47,6 @@ from training.windows import (
     make_batch,
     sample_batch,
 )
-from vllm_specdiff.drafter.vocab import copy_tokenizer_files
 
 log = logging.getLogger(__name__)
 

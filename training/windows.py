@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 import torch
 
-from training.data import SequenceData
-from training.losses import Targets
 from vllm_specdiff.drafter.vocab import verifier_to_draft
+
+from .data import SequenceData
+from .losses import Targets
 
 
 @dataclass

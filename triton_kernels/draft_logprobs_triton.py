@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels.launch import multiprocessor_count
+from .launch import multiprocessor_count
 
 
 @triton.jit

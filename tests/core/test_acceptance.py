@@ -6,11 +6,15 @@ tokens by plain sampling when the step emitted only one (the next step would sta
 joint of the first two tokens is compared with p(x1) p(x2 | x1) by a chi-square test. A rule
 passes if the p-value exceeds 1e-3; each negative control (a deliberately biased rule) must be
 rejected with p-value below 1e-6. Seeds are fixed, so outcomes are deterministic.
+
+The bonus token (emitted after all G drafts are accepted) is tested on its own: over the trials
+that accepted both drafts, the bonus must follow p(. | x1, x2); the negative control draws it
+from the last draft position's p (an off-by-one in the target rows).
 """
 
 import pytest
 import torch
-from scipy.stats import chisquare
+from scipy.stats import chi2, chisquare
 
 from vllm_specdiff.core.acceptance import (
     path_probs,
@@ -38,6 +42,12 @@ class ToyVerifier:
         self.after1 = dirichlet.sample((V,))
         self.after2 = dirichlet.sample((V, V))
         self.q = torch.softmax(torch.randn(G, V, generator=gen) * 1.5, dim=-1)
+
+    def with_matching_drafter(self) -> "ToyVerifier":
+        """q = the verifier's own per-position marginals, so most drafts are fully accepted and
+        the bonus token is emitted often (power for its test)."""
+        self.q = torch.stack([self.root, self.root @ self.after1])
+        return self
 
     def node_probs(self, tree: TokenTree) -> torch.Tensor:
         parent_token = tree.tokens[tree.parents.clamp_min(0)]
@@ -167,6 +177,67 @@ def test_negative_control_is_rejected(rule):
     verdict = rule(verifier, gen)
     pvalue = _chi2_pvalue(verifier, _first_two(verifier, verdict.tokens, verdict.num_accepted, gen))
     assert pvalue < REJECT_P, f"{rule.__name__}: p-value {pvalue:.2e} (bias not detected)"
+
+
+def _bonus_pvalue(verifier: ToyVerifier, verdict) -> tuple[float, int]:
+    """Chi-square of the bonus given its path (x1, x2), over fully accepted trials: one
+    goodness-of-fit test per path against p(. | x1, x2), rare bonus tokens merged, statistics
+    and degrees of freedom summed. Also returns the number of fully accepted trials."""
+    full = verdict.num_accepted == G
+    x1, x2, bonus = verdict.tokens[full].unbind(1)
+    counts = torch.bincount((x1 * V + x2) * V + bonus, minlength=V ** 3).view(V * V, V).double()
+    statistic, dof = 0.0, 0
+    for path, observed in enumerate(counts):
+        expected = observed.sum() * verifier.after2.reshape(V * V, V)[path].double()
+        keep = expected >= 5
+        obs = torch.cat([observed[keep], observed[~keep].sum().view(1)])
+        exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+        if int((exp > 0).sum()) < 2:
+            continue
+        statistic += float(((obs - exp) ** 2 / exp.clamp_min(1e-12))[exp > 0].sum())
+        dof += int((exp > 0).sum()) - 1
+    return float(chi2.sf(statistic, dof)), int(full.sum())
+
+
+def biased_bonus_from_last_draft_position(verifier, gen):
+    """Negative control: point mass with the target's bonus row copied from the last draft
+    position (an off-by-one in building the target rows)."""
+    drafts, tree, node_probs = _draft_tree(verifier, K, gen)
+    _, chosen, target = _selected(drafts, tree, node_probs)
+    target = target.clone()
+    target[:, G] = target[:, G - 1]
+    return verify_point_mass(target, chosen, gen)
+
+
+@pytest.mark.parametrize("rule", [run_point_mass, run_tree, run_standard])
+def test_bonus_token_follows_p_after_the_full_draft(rule):
+    verifier = ToyVerifier(0).with_matching_drafter()
+    verdict = rule(verifier, torch.Generator().manual_seed(300))
+    pvalue, full = _bonus_pvalue(verifier, verdict)
+    assert full > 1000, f"only {full} fully accepted trials: too few for power"
+    assert pvalue > PASS_P, f"{rule.__name__}: bonus p-value {pvalue:.2e}"
+
+
+def test_bonus_token_negative_control_is_rejected():
+    verifier = ToyVerifier(0).with_matching_drafter()
+    verdict = biased_bonus_from_last_draft_position(verifier, torch.Generator().manual_seed(300))
+    pvalue, full = _bonus_pvalue(verifier, verdict)
+    assert full > 1000
+    assert pvalue < REJECT_P, f"off-by-one bonus not detected: p-value {pvalue:.2e}"
+
+
+def test_rejection_with_no_mass_left_emits_the_argmax_not_a_random_token():
+    """p(x) = 0.5 is the row's only mass (a stand-in for p(x) ~ 1 after float rounding): a
+    rejection leaves nothing to sample, and the emitted token must be x, p's argmax."""
+    trials = 400
+    target = torch.zeros(trials, 2, V)
+    target[:, 0, 3] = 0.5
+    target[:, 1] = 1.0 / V
+    drafts = torch.full((trials, 1), 3)
+    verdict = verify_point_mass(target, drafts, torch.Generator().manual_seed(0))
+    rejected = verdict.num_accepted == 0
+    assert 100 < int(rejected.sum()) < 300
+    assert verdict.tokens[rejected, 0].tolist() == [3] * int(rejected.sum())
 
 
 def test_acceptance_rates_are_plausible():

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-_KERNEL_MODULES = ("triton_kernels.tree_attention_triton", "triton_kernels.draft_logprobs_triton")
+_KERNEL_MODULES = ("vllm_specdiff_kernels.tree_attention_triton",
+                   "vllm_specdiff_kernels.draft_logprobs_triton")
 
 _previous = os.environ.get("TRITON_INTERPRET")
 os.environ["TRITON_INTERPRET"] = "1"

@@ -15,8 +15,8 @@ import triton  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from triton_kernels import draft_logprobs_triton as dl  # noqa: E402
-from triton_kernels import tree_attention_triton as ta  # noqa: E402
+from vllm_specdiff_kernels import draft_logprobs_triton as dl  # noqa: E402
+from vllm_specdiff_kernels import tree_attention_triton as ta  # noqa: E402
 
 
 def compile_kernel(fn, types, consts, target, **options):

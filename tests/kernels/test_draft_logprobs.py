@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from triton_kernels import dispatch
-from triton_kernels.draft_logprobs_triton import draft_logprob_streak_triton
 from vllm_specdiff.core.scoring import draft_logprob_streak_torch
 from vllm_specdiff.core.tree import build_token_tree
+from vllm_specdiff_kernels import dispatch
+from vllm_specdiff_kernels.draft_logprobs_triton import draft_logprob_streak_triton
 
 # Triton's interpreter converts arrays to index scalars the way NumPy >= 1.25 deprecates.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")

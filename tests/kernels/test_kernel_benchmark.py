@@ -1,9 +1,16 @@
-"""benchmarks/kernels.py runs on CPU (torch paths only) and its baselines agree."""
+"""benchmarks/kernels.py (`vllm_specdiff_benchmarks.kernels`) runs on CPU (torch paths only)
+and its baselines agree."""
 
 import pytest
 import torch
 
-from benchmarks.kernels import AttentionShape, LogprobShape, bench_attention, bench_logprobs, main
+from vllm_specdiff_benchmarks.kernels import (
+    AttentionShape,
+    LogprobShape,
+    bench_attention,
+    bench_logprobs,
+    main,
+)
 
 # Triton's interpreter converts arrays to index scalars the way NumPy >= 1.25 deprecates.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")

@@ -5,11 +5,12 @@ import math
 import pytest
 import torch
 
-from triton_kernels import dispatch
-from triton_kernels.tree_attention_ref import tree_attention_torch
-from triton_kernels.tree_attention_triton import tree_attention_triton
-from triton_kernels.tree_mask import tree_mask_from_parents
+from vllm_specdiff.core.backends import select_backend
 from vllm_specdiff.core.tree import build_token_tree
+from vllm_specdiff_kernels import dispatch
+from vllm_specdiff_kernels.tree_attention_ref import tree_attention_torch
+from vllm_specdiff_kernels.tree_attention_triton import tree_attention_triton
+from vllm_specdiff_kernels.tree_mask import tree_mask_from_parents
 
 # Triton's interpreter converts arrays to index scalars the way NumPy >= 1.25 deprecates.
 pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:DeprecationWarning")
@@ -157,9 +158,10 @@ def test_custom_softmax_scale():
 def test_dispatch_picks_backend_from_env(monkeypatch):
     args, _ = make_case([4, 8], seed=11)
     ref = tree_attention_torch(*args)
-    assert dispatch.select_backend(torch.device("cpu")) == "torch"  # auto on CPU
+    cpu = torch.device("cpu")
+    assert select_backend(dispatch.TREE_ATTENTION_KERNEL, cpu) == "torch"  # auto on CPU
     monkeypatch.setenv("SPECDIFF_KERNELS", "triton")
-    assert dispatch.select_backend(torch.device("cpu")) == "triton"
+    assert select_backend(dispatch.TREE_ATTENTION_KERNEL, cpu) == "triton"
     torch.testing.assert_close(dispatch.tree_attention(*args), ref, atol=1e-4, rtol=1e-4)
     monkeypatch.setenv("SPECDIFF_KERNELS", "torch")
     assert torch.equal(dispatch.tree_attention(*args), ref)

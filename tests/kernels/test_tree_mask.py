@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from triton_kernels.tree_mask import (
+from vllm_specdiff.core.tree import build_token_tree
+from vllm_specdiff_kernels.tree_mask import (
     num_mask_words,
     pack_bool_mask,
     tree_mask_from_parents,
     unpack_tree_mask,
 )
-from vllm_specdiff.core.tree import build_token_tree
 
 
 def test_mask_matches_core_ancestor_mask():

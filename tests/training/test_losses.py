@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from training.losses import LOSSES, Targets, expected_streak_of, get_loss
+from vllm_specdiff_training.losses import LOSSES, Targets, expected_streak_of, get_loss
 
 
 def _case(n=3, g=5, v=11, k=4, seed=0):

@@ -6,12 +6,12 @@ import shutil
 import pytest
 import torch
 
-from training.cli import main
-from training.data import load_sequences, shard_path, split_heldout
-from training.generate import GenerateConfig, run_generate
-from training.trainer import TrainConfig, run_train
-from training.windows import VocabMap, batch_generator, sample_batch
 from vllm_specdiff.drafter.loading import load_drafter
+from vllm_specdiff_training.cli import main
+from vllm_specdiff_training.data import load_sequences, shard_path, split_heldout
+from vllm_specdiff_training.generate import GenerateConfig, run_generate
+from vllm_specdiff_training.trainer import TrainConfig, run_train
+from vllm_specdiff_training.windows import VocabMap, batch_generator, sample_batch
 
 from .conftest import make_tokenizer, make_verifier
 
@@ -106,7 +106,7 @@ def test_heldout_split_is_by_prompt_and_deterministic(data_dir):
 
 def test_train_and_eval_hold_out_the_same_prompts_whatever_their_seeds(tmp_path, data_dir,
                                                                          verifier_dir):
-    from training.evaluate import EvalConfig, Evaluator
+    from vllm_specdiff_training.evaluate import EvalConfig, Evaluator
 
     trainer_held = split_heldout(load_sequences(data_dir), 0.25)[1]
     cfg = EvalConfig(data=str(data_dir), verifier=str(verifier_dir), gamma=GAMMA,
@@ -143,7 +143,7 @@ def test_resume_continues_with_bit_identical_losses(tmp_path, data_dir, verifier
 
 
 def test_adapter_loads_through_lora_option_and_changes_marginals(tmp_path, data_dir, verifier_dir):
-    from training.trainer import Trainer
+    from vllm_specdiff_training.trainer import Trainer
 
     trainer = Trainer(_train_cfg(data_dir, tmp_path / "run", verifier_dir, steps=6, lr=2e-2))
     summary = trainer.run()
@@ -251,7 +251,7 @@ def test_vllm_logprobs_keep_the_k_most_likely():
     # vLLM returns the top-k plus the sampled token when it is not among them.
     from dataclasses import dataclass
 
-    from training.generate import _vllm_topk
+    from vllm_specdiff_training.generate import _vllm_topk
 
     @dataclass
     class Lp:
@@ -268,8 +268,8 @@ def test_eval_scores_a_drafter_that_is_the_verifier_on_position_one(tmp_path, da
     # All verifier layers: the block-causal drafter's first draft token is the verifier's own
     # prediction, so greedy position 1 is always accepted and sampled position 1 is accepted with
     # probability sum_x p(x)^2 (drafts sampled from q_1 = p at T_d = 1).
-    from training.evaluate import EvalConfig, run_eval
     from vllm_specdiff.drafter.block_causal import BlockCausalDrafter
+    from vllm_specdiff_training.evaluate import EvalConfig, run_eval
 
     BlockCausalDrafter.from_causal_lm(verifier_dir, 2).save_pretrained(tmp_path / "full")
     report = run_eval(EvalConfig(data=str(data_dir), verifier=str(verifier_dir),
@@ -281,7 +281,7 @@ def test_eval_scores_a_drafter_that_is_the_verifier_on_position_one(tmp_path, da
     assert r["greedy_accepted_length"] >= 1.0
     from transformers import AutoModelForCausalLM
 
-    from training.windows import eval_windows
+    from vllm_specdiff_training.windows import eval_windows
 
     data = load_sequences(data_dir)
     verifier = AutoModelForCausalLM.from_pretrained(verifier_dir).eval()
@@ -298,8 +298,9 @@ def test_training_imports_without_vllm():
     import subprocess
     import sys
 
-    code = ("import sys, training.cli, training.generate, training.trainer, training.evaluate; "
-            "training.cli.build_parser(); "
+    code = ("import sys, vllm_specdiff_training.cli, vllm_specdiff_training.generate, "
+            "vllm_specdiff_training.trainer, vllm_specdiff_training.evaluate; "
+            "vllm_specdiff_training.cli.build_parser(); "
             "print(sorted(m for m in sys.modules if m == 'vllm' or m.startswith('vllm.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

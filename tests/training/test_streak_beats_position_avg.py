@@ -11,7 +11,7 @@ the chance that 1..j-1 were accepted and drafts A, X, X, ... (or a B/Y-type chai
 
 import torch
 
-from training.losses import Targets, expected_streak_of, get_loss
+from vllm_specdiff_training.losses import Targets, expected_streak_of, get_loss
 
 CONTEXTS, GAMMA, VOCAB = 8, 6, 12
 

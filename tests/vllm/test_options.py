@@ -43,7 +43,7 @@ def test_bad_option_is_named(section, error, named):
 
 
 def test_drafter_dir_without_config_is_rejected(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no config.json"):
+    with pytest.raises(FileNotFoundError, match="config.json' not found"):
         parse_specdiff_config({"specdiff": {"drafter": str(tmp_path)}})
 
 
@@ -183,8 +183,8 @@ def _proposer(drafter, max_model_len: int, gamma: int = 4, **options):
     cfg = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=gamma),
         additional_config={"specdiff": {"drafter": str(drafter), "log_interval": 0, **options}},
-        model_config=SimpleNamespace(max_model_len=max_model_len, get_vocab_size=lambda: vocab,
-                                     tokenizer=None),
+        model_config=SimpleNamespace(model="tiny-verifier", max_model_len=max_model_len,
+                                     get_vocab_size=lambda: vocab, skip_tokenizer_init=True),
         scheduler_config=SimpleNamespace(max_num_seqs=4))
     return SpecDiffProposer(cfg)
 
@@ -207,7 +207,179 @@ def test_drafter_too_short_for_max_model_len_fails_at_load(tiny_drafter):
 
 
 def test_drafter_option_needs_a_drafter_directory(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
     (tmp_path / "adapter_config.json").write_text("{}")
-    with pytest.raises(FileNotFoundError, match="has no config.json"):
+    save_file({"x": torch.zeros(1)}, str(tmp_path / "adapter_model.safetensors"))
+    with pytest.raises(FileNotFoundError, match="config.json' not found"):
         parse_specdiff_config({"specdiff": {"drafter": str(tmp_path)}})
     assert parse_specdiff_config({"specdiff": {"lora": str(tmp_path)}}).lora == str(tmp_path)
+
+
+def test_num_speculative_tokens_limit_is_read_from_vllm(monkeypatch):
+    from vllm.v1.sample import rejection_sampler
+
+    from vllm_specdiff.commands.serve import check_specdiff_args
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+
+    real = rejection_sampler.MAX_SPEC_LEN
+    with pytest.raises(ValueError, match=rf"\[1, {real}\].*MAX_SPEC_LEN = {real}.*got {real + 1}"):
+        specdiff_engine_args(real + 1)
+    spec = json.dumps({"model": "vllm_specdiff.SpecDiffProposer", "num_speculative_tokens": 1000})
+    with pytest.raises(ValueError, match=f"MAX_SPEC_LEN = {real}"):
+        check_specdiff_args(["--speculative-config", spec])
+    monkeypatch.setattr(rejection_sampler, "MAX_SPEC_LEN", 5)  # the number is vLLM's, not ours
+    assert specdiff_engine_args(5)["speculative_config"]["num_speculative_tokens"] == 5
+    with pytest.raises(ValueError, match=r"\[1, 5\]"):
+        specdiff_engine_args(6)
+
+
+@pytest.mark.vllm
+def test_too_many_speculative_tokens_fail_engine_start(tiny_verifier, tiny_drafter):
+    from vllm import LLM
+    from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
+
+    with pytest.raises(Exception, match=f"MAX_SPEC_LEN = {MAX_SPEC_LEN}"):
+        LLM(model=str(tiny_verifier), max_model_len=512, kv_cache_memory_bytes=2**20,
+            enforce_eager=True, dtype="float32",
+            speculative_config={"model": "vllm_specdiff.SpecDiffProposer",
+                                "num_speculative_tokens": 1000},
+            additional_config={"specdiff": {"drafter": str(tiny_drafter)}})
+
+
+def test_default_drafter_only_for_the_default_verifier(monkeypatch, tmp_path):
+    from vllm_specdiff import models
+    from vllm_specdiff.commands.serve import check_specdiff_args, serve
+    from vllm_specdiff.plugin.config import check_drafter_for
+
+    monkeypatch.delenv(models.DRAFTER_ENV, raising=False)
+    monkeypatch.setattr(models, "default_verifier_dir", lambda: tmp_path / "verifier")
+    (tmp_path / "verifier").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "verifier")
+    for model in (None, str(tmp_path / "link"), f"/elsewhere/{models.VERIFIER_NAME}",
+                  f"HuggingFaceTB/{models.VERIFIER_NAME}"):
+        check_drafter_for(model, None)  # the default verifier, however it is named
+    check_drafter_for("Qwen/Qwen2.5-7B-Instruct", "/my/drafter")
+    with pytest.raises(ValueError, match=r"\['drafter'\] is required when serving 'Qwen/Qwen2"):
+        check_drafter_for("Qwen/Qwen2.5-7B-Instruct", None)
+    monkeypatch.setenv(models.DRAFTER_ENV, str(tmp_path))  # an explicit default drafter
+    check_drafter_for("Qwen/Qwen2.5-7B-Instruct", None)
+    monkeypatch.delenv(models.DRAFTER_ENV)
+    spec = json.dumps({"model": "vllm_specdiff.SpecDiffProposer", "num_speculative_tokens": 4})
+    with pytest.raises(ValueError, match="is required when serving 'org/other'"):
+        check_specdiff_args(["--model", "org/other", "-sc", spec])
+    check_specdiff_args(["-sc", spec])  # no model: serve inserts the default verifier
+    assert serve(["org/other", "-sc", spec]) == 2
+
+
+@pytest.mark.vllm
+def test_other_verifier_without_drafter_fails_engine_start(tiny_verifier, monkeypatch):
+    from vllm import LLM
+
+    from vllm_specdiff import models
+
+    monkeypatch.delenv(models.DRAFTER_ENV, raising=False)
+    with pytest.raises(Exception, match="'drafter'\\] is required when serving"):
+        LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=2**20,
+            enforce_eager=True, dtype="float32",
+            speculative_config={"model": "vllm_specdiff.SpecDiffProposer",
+                                "num_speculative_tokens": 2})
+
+
+def _copy_drafter(tiny_drafter, path):
+    import shutil
+
+    shutil.copytree(tiny_drafter, path)
+    return path
+
+
+def _write_adapter(path, tensors: dict, config: str = '{"peft_type": "LORA", "r": 2}'):
+    from safetensors.torch import save_file
+
+    path.mkdir()
+    (path / "adapter_config.json").write_text(config)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    return path
+
+
+@pytest.mark.parametrize(("breakage", "error", "message"), [
+    ("not json", ValueError, r"config\.json' is not valid JSON: Expecting value"),
+    ("list", ValueError, r"config\.json' must hold a JSON object, not list"),
+    ("model type", ValueError, r"unknown drafter model_type 'llama' in '.*config\.json'; "
+                               r"supported: \['specdiff_block_causal'"),
+    ("no weights", FileNotFoundError, "no safetensors weights"),
+    ("bad weights", ValueError, r"model\.safetensors' is not a readable safetensors file"),
+])
+def test_broken_drafter_dir_fails_the_option_check(tiny_drafter, tmp_path, breakage, error,
+                                                   message):
+    path = _copy_drafter(tiny_drafter, tmp_path / "drafter")
+    config = path / "config.json"
+    if breakage == "not json":
+        config.write_text("")
+    elif breakage == "list":
+        config.write_text("[]")
+    elif breakage == "model type":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "model_type": "llama"}))
+    elif breakage == "no weights":
+        (path / "model.safetensors").unlink()
+    else:
+        (path / "model.safetensors").write_bytes(b"not a tensor file")
+    with pytest.raises(error, match=r"\['drafter'\]: .*" + message):
+        parse_specdiff_config({"specdiff": {"drafter": str(path)}})
+
+
+def test_broken_lora_fails_the_option_check(tiny_drafter, tmp_path):
+    import torch
+
+    from vllm_specdiff.drafter.checkpoint import tensor_shapes
+
+    def check(lora, drafter=tiny_drafter):
+        return parse_specdiff_config({"specdiff": {"drafter": str(drafter), "lora": str(lora)}})
+
+    weight = tensor_shapes([tiny_drafter / "model.safetensors"])[
+        "model.layers.0.self_attn.q_proj.weight"]
+    out_dim, in_dim = weight
+    prefix = "base_model.model.model.layers.0.self_attn.q_proj"
+    good = {f"{prefix}.lora_A.weight": torch.zeros(2, in_dim),
+            f"{prefix}.lora_B.weight": torch.zeros(out_dim, 2)}
+    assert check(_write_adapter(tmp_path / "good", good)).lora == str(tmp_path / "good")
+
+    (tmp_path / "file.safetensors").write_bytes(b"x")
+    with pytest.raises(FileNotFoundError, match=r"\['lora'\]: LoRA adapter path "
+                                                r"'.*file\.safetensors' is a file, not a dir"):
+        check(tmp_path / "file.safetensors")
+    with pytest.raises(ValueError, match=r"\['lora'\]: '.*broken/adapter_config\.json' is not "
+                                         "valid JSON"):
+        check(_write_adapter(tmp_path / "broken", good, config="{r: 2"))
+    missing = _write_adapter(tmp_path / "missing", good)
+    (missing / "adapter_model.safetensors").unlink()
+    (missing / "adapter_model.bin").write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match=r"adapter_model\.safetensors' not found "
+                                                r"\(adapter_model\.bin is not read\)"):
+        check(missing)
+    wrong = {**good, f"{prefix}.lora_A.weight": torch.zeros(2, in_dim + 3)}
+    with pytest.raises(ValueError, match=rf"\['lora'\]: .*does not match the base model: update "
+                                         rf"for .*q_proj' has shape \({out_dim}, {in_dim + 3}\)"):
+        check(_write_adapter(tmp_path / "wrong", wrong))
+    absent = {k.replace("layers.0", "layers.7"): v for k, v in good.items()}
+    with pytest.raises(ValueError, match="targets 'model.layers.7.self_attn.q_proj', which the "
+                                         "drafter does not have"):
+        check(_write_adapter(tmp_path / "absent", absent))
+    # without a drafter option (the default drafter) only the adapter's own files are checked
+    assert parse_specdiff_config({"specdiff": {"lora": str(tmp_path / "wrong")}}).lora
+
+
+def test_serve_reports_a_broken_drafter_before_starting(tiny_drafter, tmp_path, capsys):
+    import time
+
+    from vllm_specdiff.commands.serve import serve
+
+    path = _copy_drafter(tiny_drafter, tmp_path / "drafter")
+    (path / "config.json").write_text("{")
+    spec = json.dumps({"model": "vllm_specdiff.SpecDiffProposer", "num_speculative_tokens": 4})
+    start = time.perf_counter()
+    code = serve(["m", "-sc", spec,
+                  "--additional-config", json.dumps({"specdiff": {"drafter": str(path)}})])
+    assert code == 2 and time.perf_counter() - start < 10
+    assert f"{path / 'config.json'}' is not valid JSON" in capsys.readouterr().err

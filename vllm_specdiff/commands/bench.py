@@ -26,8 +26,8 @@ def run_comparison(args: argparse.Namespace, prompt_source: str,
 
     from vllm import SamplingParams
 
-    from benchmarks.harness import compare
     from vllm_specdiff.commands.common import build_llm, resolve_model
+    from vllm_specdiff.harness import compare
     from vllm_specdiff.prompts import load_prompts, render_chat
 
     if args.max_tokens < 2:

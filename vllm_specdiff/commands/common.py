@@ -82,9 +82,11 @@ def build_llm(args: argparse.Namespace, model: str, speculative: bool) -> Any:  
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
+    from vllm_specdiff.plugin.config import check_drafter_for
     from vllm_specdiff.plugin.engine import specdiff_engine_args
 
     kwargs = engine_kwargs(args, model)
     if speculative:
+        check_drafter_for(args.model, args.drafter)  # before the engine starts
         kwargs.update(specdiff_engine_args(args.gamma, **spec_options(args)))
     return LLM(**kwargs)

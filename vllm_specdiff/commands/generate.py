@@ -2,77 +2,124 @@
 
 Each input line is a JSON object with "prompt" (or "text"): a string, or "messages": a chat;
 optional "id" and "max_tokens". Prompts go through the model's chat template unless
-`--chat never` (or the tokenizer has none). Each output line repeats "id" (default: the line
-number) and adds "output", "output_token_ids", "finish_reason". Drafter statistics are printed at
-the end (and written to `--stats`).
+`--chat never` (or the tokenizer has none). Each output line repeats "id" (default: the record's
+0-based index) and adds "output", "output_token_ids", "finish_reason". Drafter statistics are
+printed at the end (and written to `--stats`). Every record is checked and tokenized before the
+engine starts (errors name file:line), and the output file appears only once it is complete.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from vllm_specdiff.commands.common import add_engine_args, add_spec_args
 
 USES_VLLM = True
 
 
-def _prompt_ids(tokenizer: Any, record: dict[str, Any], chat: str, where: str) -> list[int]:  # noqa: ANN401
-    from vllm_specdiff.prompts import encode_prompt, record_to_prompt
+@dataclass
+class Request:
+    """One validated input record: what `llm.generate` gets, and the id its output repeats."""
 
+    id: Any  # noqa: ANN401 - whatever JSON the record's "id" holds
+    prompt_ids: list[int]
+    params: Any  # noqa: ANN401 - vllm.SamplingParams
+
+
+def sampling_params(args: argparse.Namespace, max_tokens: Any, where: str) -> Any:  # noqa: ANN401
+    """vLLM's SamplingParams for one record, its own checks turned into a ValueError naming
+    `where` (vLLM raises VLLMValidationError, which is no ValueError, or TypeError)."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"{where}: max_tokens must be an integer >= 1, got {max_tokens!r}")
     try:
-        return encode_prompt(tokenizer, record_to_prompt(record, where), chat)
-    except ValueError as e:
-        raise ValueError(f"--chat {chat}, {where}: {e}") from None
+        return SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+                              max_tokens=max_tokens, seed=args.seed)
+    except (VLLMValidationError, ValueError, TypeError) as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
-def run(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+def prepare_requests(args: argparse.Namespace, model: str) -> list[Request]:
+    """Every record checked and tokenized before the engine starts (with vLLM's tokenizer for
+    `model`): a bad line fails in seconds, naming file:line, and nothing is written."""
+    from vllm.tokenizers import get_tokenizer
 
-    from vllm_specdiff.commands.common import build_llm, resolve_model
-    from vllm_specdiff.prompts import read_jsonl
+    from vllm_specdiff.prompts import encode_prompt, read_numbered_jsonl, record_to_prompt
 
-    records = read_jsonl(args.input)
+    records = read_numbered_jsonl(args.input)
     if not records:
         raise ValueError(f"--input {args.input!r} holds no records")
-    for name in ("max_tokens",):
-        if getattr(args, name) < 1:
-            raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-    model = resolve_model(args)
-    llm = build_llm(args, model, speculative=not args.no_spec)
-    from vllm import SamplingParams
+    sampling_params(args, args.max_tokens, "--max-tokens")  # the command line's own values
+    tokenizer = get_tokenizer(model)
+    requests = []
+    for index, (lineno, record) in enumerate(records):
+        where = f"{args.input}:{lineno}"
+        try:
+            ids = encode_prompt(tokenizer, record_to_prompt(record, where), args.chat)
+        except ValueError as e:
+            raise ValueError(f"--chat {args.chat}, {where}: {e}") from None
+        if len(ids) >= args.max_model_len:
+            raise ValueError(f"{where}: the prompt has {len(ids)} tokens; --max-model-len "
+                             f"{args.max_model_len} leaves no room for output")
+        params = sampling_params(args, record.get("max_tokens", args.max_tokens), where)
+        requests.append(Request(record.get("id", index), ids, params))
+    return requests
+
+
+@contextmanager
+def atomic_output(path: Path) -> Iterator[TextIO]:
+    """A text file that appears at `path` only complete: written beside it under a temporary
+    name and renamed at the end; on any error the temporary file is removed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        with tmp.open("w") as f:
+            yield f
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_outputs(llm: Any, requests: list[Request], out: TextIO, chunk: int) -> None:  # noqa: ANN401
+    """Generate chunk by chunk, one JSON line per request, in input order."""
+    from tqdm import tqdm
     from vllm.inputs import TokensPrompt
 
-    tokenizer = llm.get_tokenizer()
-    output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
-    chunk = max(1, args.chunk_size)
-    with output.open("w") as out, tqdm(total=len(records), desc="generate", unit="prompt",
-                                       file=sys.stderr) as bar:
-        for start in range(0, len(records), chunk):
-            batch = records[start: start + chunk]
-            prompts, params = [], []
-            for offset, record in enumerate(batch):
-                where = f"{args.input} record {start + offset}"
-                ids = _prompt_ids(tokenizer, record, args.chat, where)
-                prompts.append(TokensPrompt(prompt_token_ids=ids))
-                params.append(SamplingParams(
-                    temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-                    max_tokens=int(record.get("max_tokens", args.max_tokens)), seed=args.seed))
-            results = llm.generate(prompts, params, use_tqdm=False)
-            for offset, (record, result) in enumerate(zip(batch, results, strict=True)):
+    with tqdm(total=len(requests), desc="generate", unit="prompt", file=sys.stderr) as bar:
+        for start in range(0, len(requests), chunk):
+            batch = requests[start: start + chunk]
+            results = llm.generate([TokensPrompt(prompt_token_ids=r.prompt_ids) for r in batch],
+                                   [r.params for r in batch], use_tqdm=False)
+            for request, result in zip(batch, results, strict=True):
                 completion = result.outputs[0]
                 out.write(json.dumps({
-                    "id": record.get("id", start + offset),
+                    "id": request.id,
                     "output": completion.text,
                     "output_token_ids": list(completion.token_ids),
                     "finish_reason": completion.finish_reason,
                 }) + "\n")
-            out.flush()
             bar.update(len(batch))
+
+
+def run(args: argparse.Namespace) -> int:
+    from vllm_specdiff.commands.common import build_llm, resolve_model
+
+    model = resolve_model(args)
+    requests = prepare_requests(args, model)
+    llm = build_llm(args, model, speculative=not args.no_spec)
+    output = Path(args.output)
+    with atomic_output(output) as out:
+        write_outputs(llm, requests, out, max(1, args.chunk_size))
     if not args.no_spec:
         from vllm_specdiff.plugin.engine import specdiff_stats
 
@@ -81,7 +128,7 @@ def run(args: argparse.Namespace) -> int:
         print("specdiff: " + json.dumps(summary), file=sys.stderr)
         if args.stats:
             Path(args.stats).write_text(json.dumps(stats, indent=2, default=str))
-    print(f"wrote {len(records)} outputs to {output}", file=sys.stderr)
+    print(f"wrote {len(requests)} outputs to {output}", file=sys.stderr)
     return 0
 
 
@@ -100,7 +147,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
     p.add_argument("--chunk-size", type=int, default=64,
-                   help="prompts submitted at once (outputs are written after each chunk)")
+                   help="prompts submitted at once (the output file appears when all are done)")
     p.add_argument("--no-spec", action="store_true", help="plain decoding (no drafter)")
     p.add_argument("--stats", default=None, help="write drafter statistics (JSON) here")
     add_engine_args(p)

@@ -52,9 +52,21 @@ def _json_option(argv: list[str], *names: str) -> dict | None:
     return value
 
 
+def _served_model(argv: list[str]) -> str | None:
+    """The model argument of `vllm serve` (positional or --model); None: the default one."""
+    if argv and not argv[0].startswith("-"):
+        return argv[0]
+    values = _option_values(argv, "--model")
+    return values[-1] if values else None
+
+
 def check_specdiff_args(argv: list[str]) -> SpecDiffConfig | None:
     """Validate our options now if the speculative model is the SpecDiff proposer."""
-    from vllm_specdiff.plugin.config import parse_specdiff_config
+    from vllm_specdiff.plugin.config import (
+        check_drafter_for,
+        check_num_speculative_tokens,
+        parse_specdiff_config,
+    )
 
     if any(arg.startswith(("--speculative-config.", "-sc.")) for arg in argv):
         return None  # dotted sub-options: vLLM assembles them; the proposer validates at start-up
@@ -65,10 +77,11 @@ def check_specdiff_args(argv: list[str]) -> SpecDiffConfig | None:
             raise ValueError("--additional-config has a 'specdiff' section but "
                              f"--speculative-config does not use model={PROPOSER_PATH!r}")
         return None
-    gamma = spec.get("num_speculative_tokens")
-    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-        raise ValueError("--speculative-config needs num_speculative_tokens >= 1 (an integer)")
-    return parse_specdiff_config(additional, gamma=gamma)
+    gamma = check_num_speculative_tokens(spec.get("num_speculative_tokens"),
+                                         "--speculative-config num_speculative_tokens")
+    config = parse_specdiff_config(additional, gamma=gamma)
+    check_drafter_for(_served_model(argv), config.drafter)
+    return config
 
 
 def tree_worker_argv(argv: list[str], config: SpecDiffConfig | None) -> list[str]:

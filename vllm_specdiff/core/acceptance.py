@@ -43,15 +43,16 @@ def _leading_accepts(accept: torch.Tensor) -> torch.Tensor:
     return accept.long().cumprod(dim=-1).sum(dim=-1)
 
 
-def _sample_rows(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row from unnormalised non-negative weights; an all-zero row (only reachable
-    through float rounding of p(x) ~ 1) falls back to its argmax."""
+def _sample_rows(weights: torch.Tensor, fallback: torch.Tensor,
+                 generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row from unnormalised non-negative weights. A row with no mass left (only
+    reachable through float rounding: x rejected although p(x) ~ 1) emits the argmax of its
+    `fallback` row, the unmasked p, which is what exact arithmetic would have emitted."""
     weights = weights.clamp_min(0)
     empty = weights.sum(dim=-1) <= 0
-    if bool(empty.any()):
-        weights = weights.clone()
-        weights[empty] = 1.0
-    return torch.multinomial(weights, 1, generator=generator).squeeze(1)
+    safe = torch.where(empty.unsqueeze(1), torch.ones_like(weights), weights)
+    drawn = torch.multinomial(safe, 1, generator=generator).squeeze(1)
+    return torch.where(empty, fallback.argmax(dim=-1), drawn)
 
 
 def _assemble(draft_tokens: torch.Tensor, num_accepted: torch.Tensor, emitted: torch.Tensor,
@@ -100,7 +101,8 @@ def verify_point_mass(target_probs: torch.Tensor, draft_tokens: torch.Tensor,
     rejected = num_accepted < g
     rejected_token = draft_tokens[rows, num_accepted.clamp(max=g - 1)]
     weights[rows[rejected], rejected_token[rejected]] = 0.0
-    return _assemble(draft_tokens, num_accepted, _sample_rows(weights, generator))
+    emitted = _sample_rows(weights, probs[rows, num_accepted], generator)
+    return _assemble(draft_tokens, num_accepted, emitted)
 
 
 def verify_standard(target_probs: torch.Tensor, draft_tokens: torch.Tensor,
@@ -132,7 +134,8 @@ def verify_standard(target_probs: torch.Tensor, draft_tokens: torch.Tensor,
     # arithmetic, so p itself is the right fallback.
     no_mass = rejected & (weights.sum(dim=-1) <= 0)
     weights[no_mass] = probs[rows, at][no_mass]
-    return _assemble(draft_tokens, num_accepted, _sample_rows(weights, generator))
+    emitted = _sample_rows(weights, probs[rows, num_accepted], generator)
+    return _assemble(draft_tokens, num_accepted, emitted)
 
 
 def path_probs(node_probs: torch.Tensor, tree: TokenTree, selected: torch.Tensor) -> torch.Tensor:

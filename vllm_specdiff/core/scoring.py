@@ -11,8 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
+from vllm_specdiff.core.backends import implementation
 from vllm_specdiff.core.sampling import PerRow, Scalar, _per_row, filter_logits
 from vllm_specdiff.core.tree import TokenTree
+
+STREAK_KERNEL = "draft_logprob_streak"  # the name kernels packages register it under
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,9 @@ def score_drafts(node_logits: torch.Tensor, tree: TokenTree, temperature: Scalar
     """Score all drafts of a tree from the verifier's logits at its nodes [N, V].
 
     Settings are the request's own (scalar or one per request). Without top-k/top-p the raw
-    logits go straight to the fused kernel (Triton on CUDA, torch otherwise; SPECDIFF_KERNELS
-    overrides); with them, filtered logits are formed first and scored at temperature 1 (greedy
-    rows stay greedy).
+    logits go straight to the fused kernel (a registered Triton one on CUDA, torch otherwise;
+    see `core.backends`); with them, filtered logits are formed first and scored at
+    temperature 1 (greedy rows stay greedy).
     """
     if node_logits.shape[0] != tree.num_nodes:
         raise ValueError(f"node_logits has {node_logits.shape[0]} rows, tree has {tree.num_nodes}")
@@ -91,8 +94,6 @@ def score_drafts(node_logits: torch.Tensor, tree: TokenTree, temperature: Scalar
         node_top_p = _expand_to_nodes(top_p, tree, torch.float32, "top_p")
         logits = filter_logits(node_logits, temp, node_top_k, node_top_p)
         temp = torch.where(temp == 0, 0.0, 1.0)
-    from triton_kernels.dispatch import draft_logprob_streak  # Triton on CUDA, else torch
-
-    log_a, tau, selected = draft_logprob_streak(logits, temp, tree.tokens, tree.parents,
-                                                tree.draft_nodes)
+    streak = implementation(STREAK_KERNEL, logits.device, draft_logprob_streak_torch)
+    log_a, tau, selected = streak(logits, temp, tree.tokens, tree.parents, tree.draft_nodes)
     return DraftScores(log_a, tau, selected)

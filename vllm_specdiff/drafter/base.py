@@ -67,6 +67,13 @@ class Drafter(nn.Module):
     def _device(self) -> torch.device:
         return next(self.parameters()).device
 
+    def draft_room(self, context_length: int) -> int:
+        """Longest draft the position encoding allows after a context of this many tokens
+        (after the context window cuts it), so callers can shorten a draft instead of failing."""
+        seen = context_length if self.context_window is None \
+            else min(context_length, self.context_window)
+        return self.max_positions - seen
+
     def prepare_contexts(self, contexts: list[torch.Tensor], gamma: int) -> list[torch.Tensor]:
         """Validate, move to CPU int64, and cut each context to the trailing `context_window`."""
         if not isinstance(gamma, int) or gamma < 1:
@@ -84,11 +91,13 @@ class Drafter(nn.Module):
                                  f"[0, {rows}): a tokenizer mismatch?")
             if self.context_window is not None and ctx.numel() > self.context_window:
                 ctx = ctx[-self.context_window:]
-            if ctx.numel() + gamma > self.max_positions:
+            room = self.draft_room(ctx.numel())
+            if gamma > room:
                 raise ValueError(
                     f"context {i} has {ctx.numel()} tokens; with gamma={gamma} that needs "
                     f"{ctx.numel() + gamma} positions but the drafter supports max_positions="
-                    f"{self.max_positions} (lower gamma or set context_window)")
+                    f"{self.max_positions}: ask for at most {max(room, 0)} draft tokens "
+                    "(`draft_room`) or set context_window")
             out.append(ctx)
         return out
 

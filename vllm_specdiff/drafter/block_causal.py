@@ -38,7 +38,8 @@ class BlockCausalDrafter(Drafter):
 
     def __init__(self, arch: str, config: object, *, verifier_vocab_size: int,
                  mask_token_id: int, draft_vocab_size: int | None = None,
-                 cache_size: int = 64, context_window: int | None = None) -> None:
+                 cache_size: int = 64, context_window: int | None = None,
+                 cache_bytes: int | None = None) -> None:
         super().__init__()
         self.arch = arch
         self.config = config
@@ -50,7 +51,7 @@ class BlockCausalDrafter(Drafter):
         self.lm_head = nn.Linear(config.hidden_size, draft_vocab_size or verifier_vocab_size,
                                  bias=False)
         self.register_buffer("draft_to_verifier", None)
-        self.pool = KVPool(cache_size) if cache_size > 0 else None
+        self.pool = KVPool(cache_size, cache_bytes) if cache_size > 0 else None
         self.source_dir: Path | None = None  # tokenizer files are copied from here on save
 
     @property
@@ -62,8 +63,8 @@ class BlockCausalDrafter(Drafter):
     def from_causal_lm(cls, model_dir: str | Path, num_layers: int, *,
                        draft_to_verifier: torch.Tensor | None = None,
                        dtype: torch.dtype | str = torch.float32, device: str = "cpu",
-                       cache_size: int = 64,
-                       context_window: int | None = None) -> BlockCausalDrafter:
+                       cache_size: int = 64, context_window: int | None = None,
+                       cache_bytes: int | None = None) -> BlockCausalDrafter:
         """Build from the embedding, first `num_layers` layers, final norm and LM head of a
         Llama/Qwen2 causal LM directory. `draft_to_verifier` (LongTensor[N]) keeps only those LM
         head rows (reduced vocabulary). The mask embedding starts as the mean token embedding."""
@@ -95,12 +96,13 @@ class BlockCausalDrafter(Drafter):
         meta = {"verifier_vocab_size": vocab, "mask_token_id": vocab,
                 "draft_vocab_size": None if d2t is None else d2t.numel()}
         return cls._build(arch, base, meta, state, d2t, str(model_dir), dtype, device,
-                          cache_size, context_window)
+                          cache_size, context_window, cache_bytes)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: torch.dtype | str = torch.float32,
                         device: str = "cpu", cache_size: int = 64,
-                        context_window: int | None = None) -> BlockCausalDrafter:
+                        context_window: int | None = None,
+                        cache_bytes: int | None = None) -> BlockCausalDrafter:
         """Load a directory written by `save_pretrained`."""
         cfg = read_config(path)
         if cfg.get("model_type") != MODEL_TYPE:
@@ -110,18 +112,18 @@ class BlockCausalDrafter(Drafter):
         d2t = state.pop("draft_to_verifier", None)
         meta = {k: cfg[k] for k in ("verifier_vocab_size", "mask_token_id", "draft_vocab_size")}
         return cls._build(cfg["base_model_type"], cfg["base_config"], meta, state, d2t, str(path),
-                          dtype, device, cache_size, context_window)
+                          dtype, device, cache_size, context_window, cache_bytes)
 
     @classmethod
     def _build(cls, arch: str, base: dict, meta: dict, state: dict, d2t: torch.Tensor | None,
                source: str, dtype: torch.dtype | str, device: str, cache_size: int,
-               context_window: int | None) -> BlockCausalDrafter:
+               context_window: int | None, cache_bytes: int | None) -> BlockCausalDrafter:
         config = make_config(arch, base)
         with torch.device("meta"):
             drafter = cls(arch, config, verifier_vocab_size=meta["verifier_vocab_size"],
                           mask_token_id=meta["mask_token_id"],
                           draft_vocab_size=meta.get("draft_vocab_size"), cache_size=cache_size,
-                          context_window=context_window)
+                          context_window=context_window, cache_bytes=cache_bytes)
         load_into(drafter, state, source)
         drafter.model.reset_rotary()  # meta -> real buffers before moving
         drafter.to(device=device, dtype=parse_dtype(dtype))
@@ -161,14 +163,16 @@ class BlockCausalDrafter(Drafter):
     def cache_stats(self) -> dict[str, int]:
         return self.pool.stats() if self.pool is not None else {}
 
-    def _claim(self, contexts: list[torch.Tensor]) -> list[tuple[KVEntry | None, int]]:
-        """For each row, the cache entry it extends and how many of its tokens are reused.
+    def _claim(self, contexts: list[torch.Tensor]
+               ) -> tuple[list[tuple[KVEntry | None, int]], set[int]]:
+        """For each row, the cache entry it extends and how many of its tokens are reused, and
+        the pool keys of those entries (which eviction must keep while the step runs).
 
         At least the last context token is always recomputed (its hidden state gives draft 1).
         An entry matched by several rows is extended in place by the first and copied for the rest.
         """
         if self.pool is None:
-            return [(None, 0) for _ in contexts]
+            return [(None, 0) for _ in contexts], set()
         plan: list[tuple[KVEntry | None, int]] = []
         used: set[int] = set()
         for ctx in contexts:
@@ -192,17 +196,37 @@ class BlockCausalDrafter(Drafter):
                 self.pool.touch(key)
             plan.append((entry, keep))
             if key is None:
-                self.pool.add(entry)
+                used.add(self.pool.add(entry))
         for entry, keep in plan:  # roll back only after every row has been matched
             entry.truncate(keep)
-        return plan
+        return plan, used
+
+    # ---- context window -------------------------------------------------------------------------
+    def window_stride(self) -> int | None:
+        """Tokens the window's start moves at a time (None: no window)."""
+        return None if self.context_window is None else max(1, self.context_window // 2)
+
+    def prepare_contexts(self, contexts: list[torch.Tensor], gamma: int) -> list[torch.Tensor]:
+        """Cut each context to a window whose start moves in steps of `window_stride()` tokens.
+
+        A window sliding one token per step would change every cached token's position and
+        left neighbours, so the cache would never hit. Starting the window at a multiple of the
+        stride keeps it fixed for `stride` tokens: the drafter sees the last W - stride + 1 .. W
+        tokens (positions from 0, so W + gamma positions suffice), the cache extends it as usual,
+        and the window is re-encoded (about W / 2 tokens) once every `stride` committed tokens.
+        """
+        stride = self.window_stride()
+        if stride is not None:
+            contexts = [_aligned_window(torch.as_tensor(c).reshape(-1), self.context_window,
+                                        stride) for c in contexts]
+        return super().prepare_contexts(contexts, gamma)
 
     # ---- forward passes -------------------------------------------------------------------------
     @torch.inference_mode()  # pool tensors are inference tensors; never differentiate through it
     def _block_logits(self, contexts: list[torch.Tensor], block: torch.Tensor) -> torch.Tensor:
         device = self._device()
         batch, gamma = block.shape
-        plan = self._claim(contexts)
+        plan, in_use = self._claim(contexts)
         keep = torch.tensor([k for _, k in plan], device=device)
         fresh = torch.tensor([c.numel() - k for c, (_, k) in zip(contexts, plan, strict=True)],
                              device=device)
@@ -236,13 +260,14 @@ class BlockCausalDrafter(Drafter):
         picked = hidden.gather(1, read[..., None].expand(-1, -1, hidden.shape[-1]))
         logits = self.lm_head(picked)
         if self.pool is not None:
+            longest = self.context_window or self.max_positions  # no context is longer
             for b, (ctx, (entry, k)) in enumerate(zip(contexts, plan, strict=True)):
                 n = ctx.numel() - k
                 entry.append(ctx[k:].numpy(),
-                             [(kk[b, :, :n], vv[b, :, :n]) for kk, vv in cache.new])
+                             [(kk[b, :, :n], vv[b, :, :n]) for kk, vv in cache.new], longest)
                 self.pool.hits += k
                 self.pool.misses += n
-            self.pool.evict()
+            self.pool.evict(in_use)
         return logits
 
     def _gather_past(self, plan: list[tuple[KVEntry | None, int]],
@@ -306,6 +331,16 @@ class BlockCausalDrafter(Drafter):
         read = torch.where(g[None, None] == 0, first, rest - 1).reshape(batch, -1)
         picked = hidden.gather(1, read[..., None].expand(-1, -1, hidden.shape[-1]))
         return self.lm_head(picked).reshape(batch, windows, gamma, -1)
+
+
+def _aligned_window(context: torch.Tensor, window: int, stride: int) -> torch.Tensor:
+    """The trailing tokens of `context` from the first multiple of `stride` that leaves at
+    most `window` of them (the whole context when it is no longer than `window`)."""
+    n = context.numel()
+    if n <= window:
+        return context
+    start = -(-(n - window) // stride) * stride  # ceil((n - window) / stride) * stride
+    return context[start:]
 
 
 def _check_d2t(d2t: torch.Tensor | None, verifier_vocab: int) -> torch.Tensor | None:

@@ -16,16 +16,36 @@ from safetensors import safe_open
 from torch import nn
 
 
+def require_dir(path: str | Path, what: str) -> Path:
+    """`path` if it is a directory; otherwise FileNotFoundError saying what it is instead. The
+    one directory check of drafter, adapter and option paths."""
+    path = Path(path).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise FileNotFoundError(f"{what} path {str(path)!r} is a file, not a directory")
+    raise FileNotFoundError(f"{what} directory {str(path)!r} does not exist")
+
+
+def read_json_object(path: Path) -> dict:
+    """A JSON object file; errors name the file and what is wrong with it."""
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{str(path)!r} is not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{str(path)!r} must hold a JSON object, not {type(value).__name__}")
+    return value
+
+
 def read_config(model_dir: str | Path) -> dict:
-    """config.json of `model_dir` as a dict; FileNotFoundError naming the path if absent."""
-    path = Path(model_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(f"drafter directory {str(path)!r} does not exist")
+    """config.json of `model_dir` as a dict; errors name the path and the problem."""
+    path = require_dir(model_dir, "drafter")
     config_path = path / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{str(config_path)!r} not found: a drafter directory needs "
                                 "config.json and safetensors weights")
-    return json.loads(config_path.read_text())
+    return read_json_object(config_path)
 
 
 def weight_files(model_dir: str | Path) -> list[Path]:
@@ -48,6 +68,20 @@ def weight_files(model_dir: str | Path) -> list[Path]:
     raise FileNotFoundError(
         f"no safetensors weights in {str(path)!r} (expected model.safetensors or "
         "model.safetensors.index.json; .bin checkpoints are not supported, convert them first)")
+
+
+def tensor_shapes(files: list[Path]) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in safetensors files, from their headers (no data read);
+    a file that is not safetensors raises ValueError naming it."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for file in files:
+        try:
+            with safe_open(str(file), framework="pt", device="cpu") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    shapes[name] = tuple(f.get_slice(name).get_shape())
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            raise ValueError(f"{str(file)!r} is not a readable safetensors file: {e}") from None
+    return shapes
 
 
 def read_weights(model_dir: str | Path,

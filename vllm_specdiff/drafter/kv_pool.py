@@ -4,6 +4,9 @@ vLLM hands the proposer rows that are reordered, preempted and resumed, without 
 block-causal drafter therefore finds its cached context encoding by content: the entry sharing the
 longest prefix with the new context is reused (rolled back to the shared prefix, then extended by
 the new tokens). Accepted tokens are appended; rejected ones are rolled back implicitly.
+
+The pool lives outside vLLM's memory budget, so it is bounded twice: by entry count and by bytes
+(the storage actually allocated, grown with some headroom up to the longest possible context).
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB: ~175k tokens of the default 4-layer drafter in float32
+
 
 @dataclass
 class KVEntry:
@@ -23,6 +28,7 @@ class KVEntry:
     keys: list[torch.Tensor] = field(default_factory=list)
     values: list[torch.Tensor] = field(default_factory=list)
     length: int = 0
+    storage_bytes: int = 0  # bytes of keys + values + tokens, updated when storage is allocated
 
     @property
     def capacity(self) -> int:
@@ -45,13 +51,19 @@ class KVEntry:
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
 
-    def append(self, tokens: np.ndarray,
-               new_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """Append tokens[n] and per-layer K/V [kv_heads, n, head_dim]; storage grows by doubling."""
+    def append(self, tokens: np.ndarray, new_kv: list[tuple[torch.Tensor, torch.Tensor]],
+               max_capacity: int | None = None) -> None:
+        """Append tokens[n] and per-layer K/V [kv_heads, n, head_dim].
+
+        Storage grows with 25% (at least 64 tokens) headroom, so copies stay amortised O(1) per
+        token while little of the byte budget is held empty, and never past `max_capacity` (the
+        longest context the drafter accepts) unless needed.
+        """
         n = tokens.shape[0]
         need = self.length + n
         if need > self.capacity or not self.keys:
-            cap = max(need, 2 * self.capacity, 64)
+            cap = max(need + 64, need + need // 4)
+            cap = max(need, cap if max_capacity is None else min(cap, max_capacity))
             grown = np.zeros(cap, dtype=np.int64)
             grown[: self.length] = self.tokens[: self.length]
             self.tokens = grown
@@ -65,6 +77,7 @@ class KVEntry:
                 keys.append(gk)
                 values.append(gv)
             self.keys, self.values = keys, values
+            self.storage_bytes = _storage_bytes(self)
         self.tokens[self.length: need] = tokens
         for layer, (k, v) in enumerate(new_kv):
             self.keys[layer][:, self.length: need] = k
@@ -77,19 +90,28 @@ class KVEntry:
         entry.keys = [k[:, :length].clone() for k in self.keys]
         entry.values = [v[:, :length].clone() for v in self.values]
         entry.length = length
+        entry.storage_bytes = _storage_bytes(entry)
         return entry
 
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+def _storage_bytes(entry: KVEntry) -> int:
+    """Allocated bytes of an entry (capacity, not length: rolled-back room is still held)."""
+    return entry.tokens.nbytes + sum(t.numel() * t.element_size()
+                                     for t in entry.keys + entry.values)
 
 
 class KVPool:
-    """LRU map of KVEntry objects; `max_entries` bounds memory (~one entry per live request)."""
+    """LRU map of KVEntry objects, bounded by `max_entries` (~one per live request) and by
+    `max_bytes` of allocated storage."""
 
-    def __init__(self, max_entries: int = 64) -> None:
+    def __init__(self, max_entries: int = 64, max_bytes: int | None = None) -> None:
         if max_entries < 1:
             raise ValueError(f"cache_size must be >= 1, got {max_entries}")
+        max_bytes = DEFAULT_CACHE_BYTES if max_bytes is None else max_bytes
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"cache_bytes must be an integer >= 1 or None, got {max_bytes!r}")
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.entries: OrderedDict[int, KVEntry] = OrderedDict()
         self._next_key = 0
         self.hits = 0  # context tokens served from the cache
@@ -127,9 +149,23 @@ class KVPool:
     def touch(self, key: int) -> None:
         self.entries.move_to_end(key)
 
-    def evict(self) -> None:
-        while len(self.entries) > self.max_entries:
-            self.entries.popitem(last=False)
+    def nbytes(self) -> int:
+        return sum(e.storage_bytes for e in self.entries.values())
+
+    def evict(self, in_use: set[int] | frozenset[int] = frozenset()) -> None:
+        """Drop entries until both bounds hold (call after the step's forward pass).
+
+        Order: least recently used entries that no row of this step used, then, only if this
+        step's own entries alone break a bound, those newest first, so long-lived requests keep
+        hitting and the overflow rows are re-encoded instead of every row thrashing.
+        """
+        total = self.nbytes()
+        idle = [k for k in self.entries if k not in in_use]
+        busy = sorted((k for k in in_use if k in self.entries), reverse=True)
+        for key in idle + busy:
+            if len(self.entries) <= self.max_entries and total <= self.max_bytes:
+                break
+            total -= self.entries.pop(key).storage_bytes
             self.evictions += 1
 
     def clear(self) -> None:
@@ -139,7 +175,8 @@ class KVPool:
         return {
             "entries": len(self.entries),
             "cached_tokens": sum(e.length for e in self.entries.values()),
-            "bytes": sum(e.nbytes() for e in self.entries.values()),
+            "bytes": self.nbytes(),
+            "max_bytes": self.max_bytes,
             "hit_tokens": self.hits,
             "miss_tokens": self.misses,
             "evictions": self.evictions,

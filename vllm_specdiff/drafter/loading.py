@@ -14,19 +14,43 @@ import torch
 from .base import Drafter
 from .block_causal import MODEL_TYPE as BLOCK_CAUSAL_TYPE
 from .block_causal import BlockCausalDrafter
-from .checkpoint import parse_dtype, read_config
+from .checkpoint import parse_dtype, read_config, tensor_shapes, weight_files
 from .dream import DREAM_TYPES, DreamDrafter
 from .llada import LLADA_TYPES, LLaDADrafter
-from .lora import merge_lora
+from .lora import check_adapter_dir, check_adapter_fits, merge_lora
 from .vocab import D2T_FILE, apply_reduced_vocab, check_tokenizer_match, load_d2t
 
 KNOWN_TYPES = (BLOCK_CAUSAL_TYPE, *DREAM_TYPES, *LLADA_TYPES)
 
 
+def check_drafter_dir(path: str | Path) -> dict:
+    """What can be checked without loading weights, so that a broken directory fails in
+    seconds (the option check before vLLM starts) instead of deep inside engine start-up:
+    config.json (valid JSON, a known model_type) and readable safetensors weights. Returns the
+    config."""
+    cfg = read_config(path)
+    model_type = cfg.get("model_type")
+    if model_type not in KNOWN_TYPES:
+        raise ValueError(f"unknown drafter model_type {model_type!r} in "
+                         f"{str(Path(path) / 'config.json')!r}; supported: {list(KNOWN_TYPES)}")
+    tensor_shapes(weight_files(path))
+    return cfg
+
+
+def check_lora_for(path: str | Path, lora: str | Path) -> None:
+    """An adapter's files, and for the block-causal format (whose tensor names are module
+    names) its targets and shapes against the drafter's, all from file headers."""
+    check_adapter_dir(lora)
+    if read_config(path).get("model_type") == BLOCK_CAUSAL_TYPE \
+            and not (Path(path) / D2T_FILE).is_file():
+        check_adapter_fits(lora, tensor_shapes(weight_files(path)))
+
+
 def load_drafter(path: str | Path, *, lora: str | Path | None = None,
                  dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
                  context_window: int | None = None, verifier_vocab_size: int | None = None,
-                 cache_size: int = 64, verifier_tokenizer: object = None) -> Drafter:
+                 cache_size: int = 64, verifier_tokenizer: object = None,
+                 cache_bytes: int | None = None) -> Drafter:
     """Load a drafter directory (config.json + safetensors), offline, without remote code.
 
     lora: a PEFT adapter directory merged into the weights at load time.
@@ -35,10 +59,13 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     verifier_vocab_size: number of verifier token ids the output must cover; ids beyond it (mask,
       appended extras) are dropped. A drafter that covers fewer ids is a vocabulary mismatch.
     cache_size: KV-pool entries of the block-causal drafter (0 disables its cache).
+    cache_bytes: byte budget of that KV pool (None: 1 GiB).
     verifier_tokenizer: the verifier's tokenizer (directory or object with get_vocab()); when
       given, every verifier token must have the same id in the drafter directory's tokenizer.
     """
-    cfg = read_config(path)
+    cfg = check_drafter_dir(path)
+    if lora is not None:
+        check_lora_for(path, lora)
     model_type = cfg.get("model_type")
     dtype = parse_dtype(dtype)
     device = str(device)
@@ -48,16 +75,16 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     load_dtype = torch.float32 if lora is not None else dtype
     if model_type == BLOCK_CAUSAL_TYPE:
         drafter: Drafter = BlockCausalDrafter.from_pretrained(
-            path, dtype=load_dtype, cache_size=cache_size, context_window=context_window)
+            path, dtype=load_dtype, cache_size=cache_size, context_window=context_window,
+            cache_bytes=cache_bytes)
     elif model_type in DREAM_TYPES:
         drafter = DreamDrafter.from_pretrained(path, dtype=load_dtype,
                                                context_window=context_window)
     elif model_type in LLADA_TYPES:
         drafter = LLaDADrafter.from_pretrained(path, dtype=load_dtype,
                                                context_window=context_window)
-    else:
-        raise ValueError(f"unknown drafter model_type {model_type!r} in {str(path)!r}; "
-                         f"supported: {list(KNOWN_TYPES)}")
+    else:  # check_drafter_dir admits only KNOWN_TYPES
+        raise AssertionError(model_type)
     d2t_path = Path(path) / D2T_FILE
     if d2t_path.is_file() and drafter.draft_to_verifier is None:
         apply_reduced_vocab(drafter, load_d2t(d2t_path))

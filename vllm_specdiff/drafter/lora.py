@@ -10,7 +10,6 @@ raises a ValueError instead of being skipped.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -19,22 +18,69 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from .checkpoint import read_json_object, require_dir, tensor_shapes
+
 _PREFIXES = ("base_model.model.", "base_model.")
 _LORA_KEY = re.compile(r"^(.*)\.(lora_A|lora_B|lora_embedding_A|lora_embedding_B)(\.[^.]+)?"
                        r"(\.weight)?$")
 
 
-def _read_adapter(adapter_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
-    if not adapter_dir.is_dir():
-        raise FileNotFoundError(f"LoRA adapter directory {str(adapter_dir)!r} does not exist")
-    cfg_path = adapter_dir / "adapter_config.json"
+def check_adapter_dir(adapter_dir: str | Path) -> tuple[dict, Path]:
+    """adapter_config.json (a JSON object) and the weights file of a PEFT adapter directory,
+    checked without loading tensors; errors name the file and what is wrong."""
+    path = require_dir(adapter_dir, "LoRA adapter")
+    cfg_path = path / "adapter_config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{str(cfg_path)!r} not found (not a PEFT adapter directory)")
-    weights = adapter_dir / "adapter_model.safetensors"
+    cfg = read_json_object(cfg_path)
+    weights = path / "adapter_model.safetensors"
     if not weights.is_file():
-        raise FileNotFoundError(f"{str(weights)!r} not found (save the adapter with "
-                                "safe_serialization=True)")
-    return json.loads(cfg_path.read_text()), load_file(str(weights))
+        found = " (adapter_model.bin is not read)" if (path / "adapter_model.bin").exists() else ""
+        raise FileNotFoundError(f"{str(weights)!r} not found{found}: save the adapter with "
+                                "safe_serialization=True")
+    if not tensor_shapes([weights]):
+        raise ValueError(f"{str(weights)!r} holds no tensors")
+    return cfg, weights
+
+
+def _module_key(key: str) -> str:
+    """A saved adapter tensor name relative to the wrapped drafter (peft's prefix removed)."""
+    for prefix in _PREFIXES:
+        if key.startswith(prefix):
+            return key[len(prefix):]
+    return key
+
+
+def check_adapter_fits(adapter_dir: str | Path, weight_shapes: dict[str, tuple[int, ...]]) -> None:
+    """Raise ValueError if an A/B pair targets a module the drafter's weights (names and shapes
+    from the checkpoint's headers) do not have, or would give an update of the wrong shape."""
+    _, weights = check_adapter_dir(adapter_dir)
+    pairs: dict[str, dict[str, tuple[int, ...]]] = {}
+    for key, shape in tensor_shapes([weights]).items():
+        m = _LORA_KEY.match(_module_key(key))
+        if m and m.group(3) != ".bias":
+            pairs.setdefault(m.group(1), {})[m.group(2)] = shape
+    for name, parts in sorted(pairs.items()):
+        weight = next((w for w in (f"{name}.weight", f"model.{name}.weight")
+                       if w in weight_shapes), None)
+        if weight is None:
+            raise ValueError(f"LoRA adapter {str(weights)!r} does not match the base model: "
+                             f"it targets {name!r}, which the drafter does not have")
+        embedding = "lora_embedding_A" in parts
+        a = parts.get("lora_embedding_A" if embedding else "lora_A")
+        b = parts.get("lora_embedding_B" if embedding else "lora_B")
+        if a is None or b is None or len(a) != 2 or len(b) != 2:
+            continue  # merge_lora names the incomplete pair
+        update = (a[1], b[0]) if embedding else (b[0], a[1])
+        if update != weight_shapes[weight]:
+            raise ValueError(f"LoRA adapter {str(weights)!r} does not match the base model: update "
+                             f"for {name!r} has shape {update}, weight is "
+                             f"{weight_shapes[weight]}")
+
+
+def _read_adapter(adapter_dir: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    cfg, weights = check_adapter_dir(adapter_dir)
+    return cfg, load_file(str(weights))
 
 
 def _pattern_value(patterns: dict, module_name: str, default: float) -> float:
@@ -73,11 +119,7 @@ def merge_lora(drafter: nn.Module, adapter_dir: str | Path) -> list[str]:
     lora: dict[str, dict[str, torch.Tensor]] = {}
     full: dict[str, torch.Tensor] = {}
     for key, tensor in tensors.items():
-        name = key
-        for prefix in _PREFIXES:
-            if name.startswith(prefix):
-                name = name[len(prefix):]
-                break
+        name = _module_key(key)
         m = _LORA_KEY.match(name)
         if m and m.group(3) == ".bias":
             raise ValueError(f"adapter {source!r} holds a LoRA bias ({key}), which is not "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,6 @@ from typing import Any
 SECTION = "specdiff"
 CANDIDATE_SOURCES = ("argmax", "sample", "ngram")
 SELECTIONS = ("tau",)
-# vLLM's rejection sampler verifies at most this many draft tokens per request and step.
-MAX_SPEC_LEN = 128
 DEFAULT_MAX_TREE_TOKENS = 17
 TREE_WORKER = "vllm_specdiff.plugin.tree_runner.SpecDiffCPUWorker"
 
@@ -34,11 +33,14 @@ class SpecDiffConfig:
     top_k: keep only the top-k drafter logits per position before sampling (None: all).
     steps: denoising steps per draft (the paper uses 1).
     context_window: trailing context tokens the drafter sees (None: the whole context). The
-      block-causal drafter caches the context encoding, so a window only saves work for formats
-      that re-encode the context every step.
+      block-causal drafter moves the window's start in steps of half the window, so it sees
+      the last W/2+1 .. W tokens and its cache keeps hitting between the steps.
     seed: seed of the drafter's sampling generator (drafts, hence runs, are reproducible).
     cache_size: per-sequence KV-cache entries the block-causal drafter keeps (None: twice
       `max_num_seqs`, at least 16). Bounded: least recently used entries are dropped.
+    cache_bytes: byte budget of that KV cache (None: 1 GiB). It lives outside vLLM's memory
+      budget (on the verifier's device), so it needs its own bound; entries no running request
+      uses are dropped first.
     log_interval: seconds between the drafter's log lines (0 disables them).
     K: candidate drafts per request and step (self-selection). K > 1 verifies all of them in
       one tree-masked verifier forward and needs the worker `TREE_WORKER`.
@@ -59,6 +61,7 @@ class SpecDiffConfig:
     context_window: int | None = None
     seed: int = 0
     cache_size: int | None = None
+    cache_bytes: int | None = None
     log_interval: float = 10.0
     K: int = 1  # noqa: N815 - the paper's name
     candidates: tuple[str, ...] = ("argmax", "sample")
@@ -92,20 +95,79 @@ def _number(name: str, value: Any, minimum: float) -> float:  # noqa: ANN401
     return float(value)
 
 
-def _directory(name: str, value: Any, marker: str, kind: str) -> str | None:  # noqa: ANN401
-    """A directory path that holds `marker` (config.json for drafters, adapter_config.json
-    for LoRA adapters)."""
+def max_spec_len() -> int:
+    """The most draft tokens per step vLLM's rejection sampler handles (read from vLLM: a
+    larger num_speculative_tokens starts, then fails an assertion on the first request)."""
+    from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
+
+    return int(MAX_SPEC_LEN)
+
+
+def check_num_speculative_tokens(value: Any, name: str = "num_speculative_tokens") -> int:  # noqa: ANN401
+    """The one check of gamma, for every way it arrives (engine args, serve, the proposer)."""
+    limit = max_spec_len()
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
+        raise ValueError(f"{name} must be an integer in [1, {limit}] (vLLM's rejection sampler "
+                         f"verifies at most MAX_SPEC_LEN = {limit} draft tokens per step), "
+                         f"got {value!r}")
+    return value
+
+
+def is_default_verifier(model: str) -> bool:
+    """True for the default verifier: its converted directory, or any copy or hub id of it
+    (a path or id whose last component is its name)."""
+    from vllm_specdiff import models
+
+    path = Path(model).expanduser()
+    if path.name == models.VERIFIER_NAME:
+        return True
+    return path.exists() and path.resolve() == models.default_verifier_dir().resolve()
+
+
+def check_drafter_for(model: str | None, drafter: str | None) -> None:
+    """Without a `drafter` option only the default verifier (model None) may be served: the
+    default drafter is built from its layers and fits no other model's vocabulary. A drafter
+    named by $SPECDIFF_DRAFTER is the user's explicit choice and is allowed for any model."""
+    from vllm_specdiff import models
+
+    if drafter is not None or model is None or os.environ.get(models.DRAFTER_ENV) \
+            or is_default_verifier(model):
+        return
+    raise ValueError(
+        f"{_opt('drafter')} is required when serving {model!r}: the default drafter is built "
+        f"from the default verifier ({models.VERIFIER_NAME}) and fits no other model; pass a "
+        "drafter directory made for this model's tokenizer (or $SPECDIFF_DRAFTER)")
+
+
+def _path(name: str, value: Any) -> str | None:  # noqa: ANN401
     if value is None:
         return None
     if not isinstance(value, str | Path) or not str(value):
         raise ValueError(f"{_opt(name)} must be a directory path, got {value!r}")
-    path = Path(value).expanduser()
-    if not path.is_dir():
-        raise FileNotFoundError(f"{_opt(name)}: directory {str(path)!r} does not exist")
-    if not (path / marker).is_file():
-        raise FileNotFoundError(f"{_opt(name)}: {str(path)!r} has no {marker} "
-                                f"(expected a {kind} directory)")
-    return str(path)
+    return str(Path(value).expanduser())
+
+
+def _checked(name: str, check: Any, *args: Any) -> None:  # noqa: ANN401
+    """Run one of the drafter's own file checks, its error prefixed with the option's name."""
+    try:
+        check(*args)
+    except (FileNotFoundError, ValueError) as e:
+        raise type(e)(f"{_opt(name)}: {e}") from None
+
+
+def check_paths(drafter: str | None, lora: str | None) -> None:
+    """The drafter and adapter files, checked in seconds before the engine starts (the same
+    checks `load_drafter` runs): a broken config.json, an unknown model_type, missing weights
+    or an adapter that does not fit otherwise fail deep inside a worker's start-up."""
+    from vllm_specdiff.drafter.loading import check_drafter_dir, check_lora_for
+    from vllm_specdiff.drafter.lora import check_adapter_dir
+
+    if drafter is not None:
+        _checked("drafter", check_drafter_dir, drafter)
+    if lora is not None and drafter is None:  # the default drafter may not be built yet
+        _checked("lora", check_adapter_dir, lora)
+    elif lora is not None:
+        _checked("lora", check_lora_for, drafter, lora)
 
 
 def _choices(name: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:  # noqa: ANN401
@@ -135,9 +197,9 @@ def _tree_options(get: Any, defaults: SpecDiffConfig, gamma: int | None  # noqa:
                          f"got {selection!r}")
     max_tree = _int("max_tree_tokens", get("max_tree_tokens", defaults.max_tree_tokens), 2)
     assert max_tree is not None
-    if max_tree > MAX_SPEC_LEN + 1:
+    if max_tree > max_spec_len() + 1:
         raise ValueError(f"{_opt('max_tree_tokens')}={max_tree} exceeds vLLM's limit of "
-                         f"{MAX_SPEC_LEN} draft tokens per step plus the root")
+                         f"{max_spec_len()} draft tokens per step plus the root")
     if k > 1 and gamma is not None and max_tree < gamma + 1:
         raise ValueError(f"{_opt('max_tree_tokens')}={max_tree} cannot hold one draft of "
                          f"num_speculative_tokens={gamma} plus the root; use >= {gamma + 1}")
@@ -174,10 +236,12 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
     if gamma is not None and steps > gamma:
         raise ValueError(f"{_opt('steps')}={steps} exceeds num_speculative_tokens={gamma}")
     top_k = _int("top_k", get("top_k", defaults.top_k), 1, allow_none=True)
+    drafter = _path("drafter", get("drafter", defaults.drafter))
+    lora = _path("lora", get("lora", defaults.lora))
+    check_paths(drafter, lora)
     return SpecDiffConfig(
-        drafter=_directory("drafter", get("drafter", defaults.drafter), "config.json", "drafter"),
-        lora=_directory("lora", get("lora", defaults.lora), "adapter_config.json",
-                        "PEFT LoRA adapter"),
+        drafter=drafter,
+        lora=lora,
         temperature=_number("temperature", get("temperature", defaults.temperature), 0.0),
         top_k=top_k,
         steps=steps,
@@ -186,6 +250,8 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
         seed=_int("seed", get("seed", defaults.seed), 0),
         cache_size=_int("cache_size", get("cache_size", defaults.cache_size), 1,
                         allow_none=True),
+        cache_bytes=_int("cache_bytes", get("cache_bytes", defaults.cache_bytes), 1,
+                         allow_none=True),
         log_interval=_number("log_interval", get("log_interval", defaults.log_interval), 0.0),
         **_tree_options(get, defaults, gamma),
     )

@@ -14,7 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from vllm_specdiff.plugin.config import SECTION, TREE_WORKER, parse_specdiff_config
+from vllm_specdiff.plugin.config import (
+    SECTION,
+    TREE_WORKER,
+    check_num_speculative_tokens,
+    parse_specdiff_config,
+)
 
 PROPOSER_PATH = "vllm_specdiff.SpecDiffProposer"
 DEFAULT_GAMMA = 8
@@ -29,10 +34,7 @@ def specdiff_engine_args(num_speculative_tokens: int = DEFAULT_GAMMA,
     max_tree_tokens); they are validated here, so a bad option fails before the engine starts.
     K > 1 also selects the tree-verifying worker (`worker_cls`) and turns async scheduling off.
     """
-    if isinstance(num_speculative_tokens, bool) or not isinstance(num_speculative_tokens, int) \
-            or num_speculative_tokens < 1:
-        raise ValueError(f"num_speculative_tokens must be an integer >= 1, "
-                         f"got {num_speculative_tokens!r}")
+    check_num_speculative_tokens(num_speculative_tokens)
     section = {k: v for k, v in options.items() if v is not None}
     config = parse_specdiff_config({SECTION: section}, gamma=num_speculative_tokens)
     args: dict[str, Any] = {

@@ -24,7 +24,13 @@ import torch
 
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
 from vllm_specdiff.plugin.candidates import candidate_drafts, ngram_draft
-from vllm_specdiff.plugin.config import TREE_WORKER, SpecDiffConfig, parse_specdiff_config
+from vllm_specdiff.plugin.config import (
+    TREE_WORKER,
+    SpecDiffConfig,
+    check_drafter_for,
+    check_num_speculative_tokens,
+    parse_specdiff_config,
+)
 from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
 from vllm_specdiff.plugin.trie import RequestTrie, build_request_trie
 
@@ -39,6 +45,15 @@ def _logger() -> Any:  # noqa: ANN401
     return init_logger("vllm.specdiff")  # under "vllm", so vLLM's log handlers print it
 
 
+def verifier_tokenizer(model_config: Any) -> Any:  # noqa: ANN401
+    """vLLM's own tokenizer of the served model, whatever names it (a hub id, a local
+    directory, a ModelScope id); None when vLLM skips tokenizer init. `model_config.tokenizer`
+    is only a name, not necessarily a directory to read a vocabulary from."""
+    from vllm.tokenizers import cached_tokenizer_from_config
+
+    return cached_tokenizer_from_config(model_config)
+
+
 class SpecDiffProposer:
     """Drafts `num_speculative_tokens` tokens per request with a masked-diffusion drafter (K=1).
 
@@ -48,19 +63,19 @@ class SpecDiffProposer:
 
     def __init__(self, vllm_config: Any) -> None:  # noqa: ANN401
         spec = vllm_config.speculative_config
-        if spec is None or not spec.num_speculative_tokens:
-            raise ValueError("SpecDiffProposer needs speculative_config.num_speculative_tokens "
-                             ">= 1")
-        self.gamma = int(spec.num_speculative_tokens)
+        self.gamma = check_num_speculative_tokens(
+            None if spec is None else spec.num_speculative_tokens,
+            "speculative_config.num_speculative_tokens")
         self.config: SpecDiffConfig = parse_specdiff_config(vllm_config.additional_config,
                                                             gamma=self.gamma)
         if fix_cpu_expand_kernel():
             _logger().info("SpecDiff: installed the fix for vLLM's CPU expand_kernel "
                            "(temperature > 0 verification)")
         model_config = vllm_config.model_config
+        check_drafter_for(str(model_config.model), self.config.drafter)
         self.max_model_len = int(model_config.max_model_len)
         self.verifier_vocab_size = int(model_config.get_vocab_size())
-        self.verifier_tokenizer = model_config.tokenizer
+        self.model_config = model_config
         max_num_seqs = int(vllm_config.scheduler_config.max_num_seqs)
         self.cache_size = self.config.cache_size or max(16, 2 * max_num_seqs)
         self.drafter: Any = None
@@ -108,7 +123,8 @@ class SpecDiffProposer:
             path, lora=self.config.lora, dtype=dtype, device=device,
             context_window=self.config.context_window,
             verifier_vocab_size=self.verifier_vocab_size, cache_size=self.cache_size,
-            verifier_tokenizer=self.verifier_tokenizer)
+            verifier_tokenizer=verifier_tokenizer(self.model_config),
+            cache_bytes=self.config.cache_bytes)
         self._check_positions()
         self.drafter_path = path
         self.generator = torch.Generator(device=device)
@@ -118,17 +134,20 @@ class SpecDiffProposer:
                        self.cache_size)
 
     def _check_positions(self) -> None:
-        """Fail at start-up, not mid-run, when a long request would not fit the drafter.
+        """Fail at start-up when long requests could never be drafted for.
 
-        vLLM only asks for drafts while context + gamma <= max_model_len, so the drafter must
-        cover max_model_len positions, or context_window + gamma of them.
+        Rows whose context + gamma passes the drafter's positions (or max_model_len) get
+        shorter drafts in `propose`; but past the drafter's last position no draft fits at all,
+        so without a context window the drafter must cover max_model_len positions, and with
+        one, context_window + gamma of them.
         """
         limit = int(self.drafter.max_positions)
         window = self.config.context_window
         if window is None and self.max_model_len > limit:
             raise ValueError(
                 f"the drafter supports {limit} positions but max_model_len is "
-                f"{self.max_model_len}: lower --max-model-len to {limit} or set "
+                f"{self.max_model_len}: lower --max-model-len to at most {limit} (drafts get "
+                f"shorter within {self.gamma} tokens of it) or set "
                 f"additional_config['specdiff']['context_window'] <= {limit - self.gamma}")
         if window is not None and window + self.gamma > limit:
             raise ValueError(
@@ -159,7 +178,7 @@ class SpecDiffProposer:
             prev = self._pending.pop(self._signature(context[: n - len(sampled)]), None)
             if prev is not None:
                 accepted.append(min(len(sampled) - 1, prev))
-            room = min(self.gamma, self.max_model_len - n)
+            room = min(self.gamma, self.max_model_len - n, self.drafter.draft_room(n))
             if room <= 0:
                 continue
             rows.append(i)
@@ -169,15 +188,12 @@ class SpecDiffProposer:
         if accepted:
             self.stats.record(accepted, self.gamma)
         if rows:
-            logits = self.drafter.draft_logits(contexts, self.gamma, steps=self.config.steps)
-            if self.config.K > 1:
-                self._tree_drafts(logits, rows, contexts, lengths, drafts)
-            else:
-                marginals = draft_marginals(logits, self.config.temperature, self.config.top_k)
-                tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
-                for i, room, draft in zip(rows, lengths, tokens, strict=True):
-                    drafts[i] = draft[:room]
-            for context, room in zip(contexts, lengths, strict=True):
+            allowed = [self.tree_rows is None or bool(self.tree_rows[i]) for i in rows]
+            tokens, tries = self._draft(contexts, lengths, allowed)
+            for i, context, room, draft, trie in zip(rows, contexts, lengths, tokens, tries,
+                                                     strict=True):
+                drafts[i] = draft
+                self.last_tries[i] = trie
                 self._pending[self._signature(context.numpy())] = room
         elapsed = time.perf_counter() - start
         with self._lock:
@@ -187,23 +203,46 @@ class SpecDiffProposer:
         self._maybe_log()
         return drafts
 
-    def _tree_drafts(self, logits: torch.Tensor, rows: list[int], contexts: list[torch.Tensor],
-                     lengths: list[int], drafts: list[list[int]]) -> None:
+    def _draft(self, contexts: list[torch.Tensor], lengths: list[int], allowed: list[bool]
+               ) -> tuple[list[list[int]], list[RequestTrie | None]]:
+        """`lengths[j]` draft tokens for context j. Rows near the position limit get shorter
+        drafts than gamma; the drafter runs once per distinct length (once, away from it).
+        With K > 1 a full-length row the runner allows (`allowed[j]`) gets a trie of K candidates
+        instead."""
+        out: list[list[int]] = [[] for _ in contexts]
+        tries: list[RequestTrie | None] = [None] * len(contexts)
+        for length in sorted(set(lengths), reverse=True):
+            group = [j for j, n in enumerate(lengths) if n == length]
+            logits = self.drafter.draft_logits([contexts[j] for j in group], length,
+                                               steps=min(self.config.steps, length))
+            if self.config.K > 1:
+                self._tree_drafts(logits, group, contexts, allowed, out, tries)
+                continue
+            marginals = draft_marginals(logits, self.config.temperature, self.config.top_k)
+            tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
+            for j, draft in zip(group, tokens, strict=True):
+                out[j] = draft
+        return out, tries
+
+    def _tree_drafts(self, logits: torch.Tensor, group: list[int], contexts: list[torch.Tensor],
+                     allowed: list[bool], out: list[list[int]], tries: list[RequestTrie | None]
+                     ) -> None:
         """K candidates per row merged into a trie (rows the runner allows, with a full window and
         room for the trie); other rows get the argmax draft, verified by vLLM as a chain."""
-        candidates = candidate_drafts(logits, self.config.K, self.config.temperature,
-                                      self.config.top_k, self.generator)
-        for r, (i, context, room) in enumerate(zip(rows, contexts, lengths, strict=True)):
-            allowed = self.tree_rows is None or bool(self.tree_rows[i])
+        full = logits.shape[1] == self.gamma
+        candidates = candidate_drafts(logits, self.config.K if full else 1,
+                                      self.config.temperature, self.config.top_k, self.generator)
+        for r, j in enumerate(group):
+            context = contexts[j]
             budget = min(self.config.max_tree_tokens,
                          self.max_model_len - int(context.shape[0]) + 1)
-            if not allowed or room < self.gamma or budget < self.gamma + 1:
-                drafts[i] = candidates[r, 0, :room].tolist()
+            if not (full and allowed[j] and budget >= self.gamma + 1):
+                out[j] = candidates[r, 0].tolist()
                 continue
             row_drafts, sources = self._with_ngram(context, candidates[r])
             trie = build_request_trie(int(context[-1]), row_drafts, budget, sources)
-            self.last_tries[i] = trie
-            drafts[i] = trie.draft_tokens()
+            tries[j] = trie
+            out[j] = trie.draft_tokens()
 
     def _with_ngram(self, context: torch.Tensor, drafts: torch.Tensor
                     ) -> tuple[torch.Tensor, tuple[str, ...]]:

