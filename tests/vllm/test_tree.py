@@ -127,21 +127,28 @@ def test_self_selection_beats_the_argmax_draft(tiny_verifier, tiny_drafter):
     assert accepted[4] > accepted[1] + 0.2, accepted
 
 
-def test_ngram_candidate_wins_where_the_text_repeats(tiny_verifier, tiny_drafter):
-    """Greedy text of the tiny verifier falls into loops; prompt lookup then proposes the loop's
-    continuation, which the swapped (wrong-argmax) drafter cannot."""
+def test_ngram_candidate_wins_where_the_text_repeats(tmp_path_factory):
+    """A verifier that loops over seven words, a drafter whose argmax is wrong: the prompt-lookup
+    candidate predicts the loop and is chosen; greedy output stays the loop."""
     from vllm import LLM, SamplingParams
 
-    spec = LLM(**_engine_kwargs(tiny_verifier),
-               **_tree_args(tiny_drafter, 4, 2, candidates=["argmax", "sample", "ngram"]))
+    from tests.vllm.tiny_models import write_cycle_verifier, write_tiny_drafter
+
+    root = tmp_path_factory.mktemp("cycle")
+    verifier = write_cycle_verifier(root / "verifier", cycle=list(range(1, 8)))
+    drafter = write_tiny_drafter(verifier, root / "drafter")
+    spec = LLM(**_engine_kwargs(verifier),
+               **_tree_args(drafter, 4, 2, candidates=["argmax", "sample", "ngram"]))
     spec.collective_rpc(_swap_top_two)
-    params = SamplingParams(temperature=0.0, max_tokens=96, ignore_eos=True)
-    repeat = " ".join(["w1 w2 w3 w4 w5 w6 w7"] * 4)
-    spec.generate([repeat, _prompts()[1]], params, use_tqdm=False)
-    sources = spec.collective_rpc(_proposer_stats)[0]["tree"]["chosen_sources"]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    out = spec.generate([" ".join(["w1 w2 w3 w4 w5 w6 w7"] * 3)], params, use_tqdm=False)
+    tree = spec.collective_rpc(_proposer_stats)[0]["tree"]
     del spec
     gc.collect()
-    assert sources.get("ngram", 0) > 5, sources
+    loop = [5 + w for w in range(1, 8)]
+    assert list(out[0].outputs[0].token_ids) == (loop * 6)[:40]
+    assert tree["chosen_sources"].get("ngram", 0) >= tree["steps"] - 1, tree["chosen_sources"]
+    assert tree["mean_accepted_length"] > 3.0
 
 
 def test_generate_cli_with_four_candidates_matches_plain(tmp_path, tiny_verifier, tiny_drafter):

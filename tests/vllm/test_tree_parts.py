@@ -92,7 +92,7 @@ def test_tree_attention_matches_dense_attention_per_path():
     ({"candidates": ["argmax", "beam"]}, "'candidates'"),
     ({"selection": "best"}, "'selection'"),
     ({"K": 2, "max_tree_tokens": 4}, "use >= 5"),
-    ({"max_tree_tokens": 200}, "vLLM's limit"),
+    ({"K": 2, "max_tree_tokens": 200}, "vLLM's limit"),
 ])
 def test_bad_tree_option_is_named(section, named):
     from vllm_specdiff.plugin.config import parse_specdiff_config
@@ -137,6 +137,36 @@ def test_ngram_candidate_continues_the_earlier_match():
     assert ngram_draft(context, 3, fill).tolist() == [4, 5, 1]
     assert ngram_draft(np.array([7, 8, 1, 2, 3, 4, 1, 2]), 3, fill).tolist() == [3, 4, 1]
     assert ngram_draft(np.array([1, 2, 3, 4]), 3, fill) is None
+
+
+def test_ngram_candidate_matches_vllms_own_prompt_lookup():
+    """Same matches as vLLM's numba function (in a subprocess: importing numba breaks vLLM's
+    kernel registration for later engines in this process)."""
+    import subprocess
+    import sys
+
+    code = """
+import numpy as np, torch
+from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
+from vllm_specdiff.plugin.candidates import NGRAM_MAX, NGRAM_MIN, ngram_draft
+rng = np.random.default_rng(0)
+found = 0
+for trial in range(300):
+    ctx = rng.integers(0, 4, size=int(rng.integers(3, 40)))
+    ref = _find_longest_matched_ngram_and_propose_tokens(ctx.astype(np.int32), NGRAM_MIN,
+                                                         NGRAM_MAX, len(ctx) + 4, 4)
+    ours = ngram_draft(ctx, 4, torch.full((4,), -1))
+    if len(ref) == 0:
+        assert ours is None, (ctx, ours)
+        continue
+    found += 1
+    assert ours[: len(ref)].tolist() == list(ref), (ctx, ref, ours)
+print(found)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert int(proc.stdout.strip().splitlines()[-1]) > 100
 
 
 def test_trie_keeps_each_candidates_source_through_truncation():

@@ -63,6 +63,30 @@ def write_tiny_verifier(path: Path, seed: int = 0, words: int = WORDS, peak: flo
     return path
 
 
+def write_cycle_verifier(path: Path, cycle: list[int], seed: int = 0) -> Path:
+    """A verifier whose greedy next token depends only on the current one: the word ids in
+    `cycle` follow each other in a loop (attention and MLP outputs are zeroed, so the logits are
+    the current token's embedding against shifted embeddings). Text that reaches the loop
+    repeats forever, so prompt lookup predicts it exactly."""
+    import torch
+
+    write_tiny_verifier(path, seed=seed)
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(str(path)).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed = model.model.embed_tokens.weight
+        model.lm_head.weight.zero_()
+        ids = [len(SPECIALS) + w for w in cycle]
+        for prev, nxt in zip(ids, ids[1:] + ids[:1], strict=True):
+            model.lm_head.weight[nxt] = embed[prev]
+    model.save_pretrained(str(path), safe_serialization=True)
+    return path
+
+
 def write_tiny_drafter(verifier: Path, path: Path, num_layers: int = LAYERS) -> Path:
     """Block-causal drafter from the verifier's first layers. With all layers its first draft
     token is exactly the verifier's greedy prediction, so acceptance is high by construction."""

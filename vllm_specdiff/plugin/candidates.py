@@ -1,8 +1,8 @@
 """K candidate drafts per request from one drafter forward, merged into a chain-first trie.
 
 Candidate 0 is the argmax draft, so self-selection never scores below K = 1; the others are
-sampled independently per position from the drafter's marginals at T_d, and with "ngram" the last
-one comes from prompt lookup (vLLM's own `ngram` matching) when the context repeats. The
+sampled independently per position from the drafter's marginals at T_d; with "ngram", candidate 1
+comes from prompt lookup (matched as vLLM's `ngram` method does) when the context repeats. The
 point-mass rule never reads draft probabilities, so a candidate's source cannot affect
 losslessness.
 """
@@ -30,17 +30,22 @@ def candidate_drafts(logits: torch.Tensor, num_candidates: int, temperature: flo
 
 
 def ngram_draft(context: np.ndarray, gamma: int, fill: torch.Tensor) -> torch.Tensor | None:
-    """Prompt lookup: the tokens that followed the longest earlier match of the context's
-    suffix (vLLM's `ngram` matching), padded with `fill` [G]; None when nothing matches."""
-    from vllm.v1.spec_decode.ngram_proposer import (
-        _find_longest_matched_ngram_and_propose_tokens,
-    )
+    """Prompt lookup, matched as vLLM's `ngram` method does: the longest suffix of the context
+    (NGRAM_MIN..NGRAM_MAX tokens) that occurred earlier, at its earliest occurrence; the tokens
+    that followed it, padded with `fill` [G]. None when nothing matches.
 
-    tokens = np.ascontiguousarray(context, dtype=np.int32)
-    found = _find_longest_matched_ngram_and_propose_tokens(
-        tokens, NGRAM_MIN, NGRAM_MAX, tokens.shape[0] + gamma, gamma)
-    if len(found) == 0:
-        return None
-    draft = fill.clone()
-    draft[: len(found)] = torch.from_numpy(np.asarray(found, dtype=np.int64))
-    return draft
+    numpy, not vLLM's numba function: importing numba leaves an llvmlite object in sys.modules
+    that breaks vLLM's kernel registration for every later engine in the process.
+    """
+    tokens = np.asarray(context, dtype=np.int64)
+    length = tokens.shape[0]
+    for n in range(min(NGRAM_MAX, length - 1), NGRAM_MIN - 1, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[: length - 1], n)
+        hits = np.flatnonzero((windows == tokens[length - n:]).all(axis=1))
+        if hits.size:
+            start = int(hits[0]) + n
+            found = torch.from_numpy(tokens[start:start + gamma].copy())
+            draft = fill.clone()
+            draft[: found.shape[0]] = found
+            return draft
+    return None

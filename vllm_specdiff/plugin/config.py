@@ -197,7 +197,7 @@ def _tree_options(get: Any, defaults: SpecDiffConfig, gamma: int | None  # noqa:
                          f"got {selection!r}")
     max_tree = _int("max_tree_tokens", get("max_tree_tokens", defaults.max_tree_tokens), 2)
     assert max_tree is not None
-    if max_tree > max_spec_len() + 1:
+    if k > 1 and max_tree > max_spec_len() + 1:
         raise ValueError(f"{_opt('max_tree_tokens')}={max_tree} exceeds vLLM's limit of "
                          f"{max_spec_len()} draft tokens per step plus the root")
     if k > 1 and gamma is not None and max_tree < gamma + 1:
