@@ -110,6 +110,36 @@ def test_greedy_identical_with_selected_candidates_moving_kv(tiny_verifier, tiny
     gc.collect()
 
 
+def test_logprobs_and_penalty_fallback_match_plain(tiny_verifier, tiny_drafter):
+    """Sample logprobs of trie-verified requests are vLLM's (from the committed chain's rows);
+    a request with a repetition penalty falls back to one argmax draft and stays exact."""
+    from vllm import LLM, SamplingParams
+
+    prompts = _prompts()[:3]
+    params = [SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True,
+                             repetition_penalty=1.3),
+              SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)]
+    plain = LLM(**_engine_kwargs(tiny_verifier))
+    expected = plain.generate(prompts, params, use_tqdm=False)
+    del plain
+    gc.collect()
+    spec = LLM(**_engine_kwargs(tiny_verifier), **_tree_args(tiny_drafter, 4, 4))
+    spec.collective_rpc(_swap_top_two)
+    got = spec.generate(prompts, params, use_tqdm=False)
+    tree = spec.collective_rpc(_proposer_stats)[0]["tree"]
+    del spec
+    gc.collect()
+    assert [list(o.outputs[0].token_ids) for o in got] == \
+        [list(o.outputs[0].token_ids) for o in expected]
+    assert tree["steps"] > 0 and sum(tree["chosen_draft_histogram"][1:]) > 0
+    for mine, ref in zip(got[0].outputs[0].logprobs, expected[0].outputs[0].logprobs,
+                         strict=True):
+        assert set(mine) == set(ref)
+        for token, entry in ref.items():
+            assert mine[token].logprob == pytest.approx(entry.logprob, abs=1e-3)
+
+
 def test_self_selection_beats_the_argmax_draft(tiny_verifier, tiny_drafter):
     """With the swapped drafter, K = 4 accepts more per step than K = 1 (argmax only)."""
     from vllm import LLM, SamplingParams

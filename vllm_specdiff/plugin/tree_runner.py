@@ -14,8 +14,9 @@ vLLM 0.32 verifies one chain of draft tokens per request. This runner (reached t
    past the committed length are overwritten by later steps, as with plain speculative decoding.
 
 Requests whose drafts are a plain chain (K = 1 rows, fallbacks, truncated tries) take vLLM's
-native path untouched. `tree_hidden_layers` is the hook for handing verifier hidden states to a
-proposer (not used by the diffusion drafter).
+native path untouched. `propose_draft_token_ids` receives the verifier's hidden states (and with
+vLLM's aux-hidden-state outputs, chosen layers' states): the place to hand them to a drafter that
+conditions on them (DFlash-style); the diffusion drafter does not.
 """
 
 from __future__ import annotations
@@ -131,7 +132,6 @@ class SpecDiffCPUModelRunner(CPUModelRunner):
         clamp_spec_decode_stats()  # also the general plugin's job; here for in-process engines
         self.tree_context = TreeBatchContext()
         self.tree_layout: CacheLayout | None = None
-        self.tree_hidden_layers: tuple[int, ...] = ()
         self._tries: dict[str, RequestTrie] = {}
         self._step_tries: dict[str, StepTrie] = {}
         self._proposed = False
@@ -154,26 +154,31 @@ class SpecDiffCPUModelRunner(CPUModelRunner):
                         ) -> Any:  # noqa: ANN401
         out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         self._step_tries = {}
-        requests: list[TreeRequest] = []
-        slot_mapping = self.input_batch.block_table[0].slot_mapping.gpu
-        for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items():
-            trie = self._tries.get(req_id)
-            i = self.input_batch.req_id_to_index.get(req_id)
-            if trie is None or i is None:
-                continue
-            n = len(spec) + 1
-            if int(num_scheduled_tokens[i]) != n or list(spec) != trie.draft_tokens()[: n - 1] \
-                    or trie.is_chain(n):
-                continue
-            trie = trie.truncated(n)
-            start = int(self.query_start_loc.np[i])
-            prefix = int(self.input_batch.num_computed_tokens_cpu[i])
-            self.positions[start:start + n] = prefix + trie.depths
-            self._step_tries[req_id] = StepTrie(trie, i, slot_mapping[start:start + n].clone())
-            requests.append(TreeRequest(start, n, prefix, i, trie.ancestor_mask()))
+        requests = [req for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items()
+                    if (req := self._schedule_trie(req_id, spec, num_scheduled_tokens))]
         self._tries = {}
         self.tree_context.set(requests)
         return out
+
+    def _schedule_trie(self, req_id: str, spec: list[int], num_scheduled_tokens: np.ndarray
+                       ) -> TreeRequest | None:
+        """If this request's scheduled drafts are (a prefix of) its trie and not a plain chain:
+        set the nodes' positions (context + depth), keep their slots; None otherwise."""
+        trie = self._tries.get(req_id)
+        i = self.input_batch.req_id_to_index.get(req_id)
+        if trie is None or i is None:
+            return None
+        n = len(spec) + 1
+        if int(num_scheduled_tokens[i]) != n or list(spec) != trie.draft_tokens()[: n - 1] \
+                or trie.is_chain(n):
+            return None
+        trie = trie.truncated(n)
+        start = int(self.query_start_loc.np[i])
+        prefix = int(self.input_batch.num_computed_tokens_cpu[i])
+        self.positions[start:start + n] = prefix + trie.depths
+        slots = self.input_batch.block_table[0].slot_mapping.gpu[start:start + n].clone()
+        self._step_tries[req_id] = StepTrie(trie, i, slots)
+        return TreeRequest(start, n, prefix, i, trie.ancestor_mask())
 
     def _model_forward(self, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
         try:
@@ -273,7 +278,11 @@ class SpecDiffCPUModelRunner(CPUModelRunner):
 
 
 class SpecDiffCPUWorker(CPUWorker):
-    """vLLM's CPU worker with `SpecDiffCPUModelRunner` (worker_cls for K > 1)."""
+    """vLLM's CPU worker with `SpecDiffCPUModelRunner` (worker_cls for K > 1).
+
+    `CPUWorker.init_device` builds its runner inline, so the runner it built (cheap: no model
+    is loaded yet) is replaced by ours right after.
+    """
 
     def init_device(self) -> None:
         super().init_device()
