@@ -383,3 +383,56 @@ def test_serve_reports_a_broken_drafter_before_starting(tiny_drafter, tmp_path, 
                   "--additional-config", json.dumps({"specdiff": {"drafter": str(path)}})])
     assert code == 2 and time.perf_counter() - start < 10
     assert f"{path / 'config.json'}' is not valid JSON" in capsys.readouterr().err
+
+
+def test_speculative_model_shorthand_expands_for_serve(tiny_drafter):
+    from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
+
+    from vllm_specdiff.commands.common import expand_speculative_model
+    from vllm_specdiff.commands.serve import check_specdiff_args
+    from vllm_specdiff.plugin.engine import DEFAULT_GAMMA, PROPOSER_PATH
+
+    d = str(tiny_drafter)
+    argv = expand_speculative_model(["m", "--speculative-model", d, "--port", "1",
+                                     "--num-speculative-tokens=3"])
+    assert argv[:3] == ["m", "--port", "1"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "model": PROPOSER_PATH, "num_speculative_tokens": 3}
+    assert json.loads(argv[argv.index("--additional-config") + 1]) == {"specdiff": {"drafter": d}}
+    check_specdiff_args(argv)  # the long spelling it became passes the serve pre-check
+    merged = expand_speculative_model([
+        f"--speculative-model={d}", "--additional-config",
+        json.dumps({"specdiff": {"temperature": 0.5}, "other_plugin": {"x": 1}})])
+    assert json.loads(merged[merged.index("--speculative-config") + 1])[
+        "num_speculative_tokens"] == DEFAULT_GAMMA
+    assert json.loads(merged[-1]) == {"specdiff": {"temperature": 0.5, "drafter": d},
+                                      "other_plugin": {"x": 1}}
+    assert merged.count("--additional-config") == 1
+    assert expand_speculative_model(["m", "--port", "1"]) == ["m", "--port", "1"]
+    spec = json.dumps({"model": PROPOSER_PATH, "num_speculative_tokens": 4})
+    for argv, error, message in [
+        (["--speculative-model", d, "-sc", spec], ValueError, "give one of them"),
+        (["--speculative-model", d, "--speculative-config.num_speculative_tokens", "4"],
+         ValueError, "give one of them"),
+        (["--num-speculative-tokens", "4"], ValueError, "goes with --speculative-model"),
+        (["--speculative-model", d, "--num-speculative-tokens", "x"], ValueError, "integer"),
+        (["--speculative-model", d, "--num-speculative-tokens", str(MAX_SPEC_LEN + 1)],
+         ValueError, "MAX_SPEC_LEN"),
+        (["--speculative-model", d, "--additional-config", json.dumps(
+            {"specdiff": {"drafter": d}})], ValueError, "both name a drafter"),
+        (["--speculative-model", "/nonexistent/d"], FileNotFoundError, "'drafter'"),
+    ]:
+        with pytest.raises(error, match=message):
+            expand_speculative_model(argv)
+
+
+def test_speculative_model_spelling_in_generate_and_bench(tiny_drafter):
+    from vllm_specdiff.cli import build_parser
+
+    parser = build_parser()
+    for command in (["generate", "--input", "i.jsonl", "--output", "o.jsonl"], ["bench"]):
+        args = parser.parse_args([*command, "--speculative-model", str(tiny_drafter),
+                                  "--num-speculative-tokens", "3"])
+        assert (args.drafter, args.gamma) == (str(tiny_drafter), 3)
+        args = parser.parse_args([*command, "--drafter", str(tiny_drafter), "--gamma", "5"])
+        assert (args.drafter, args.gamma) == (str(tiny_drafter), 5)
