@@ -125,7 +125,8 @@ def expand_speculative_model(argv: list[str]) -> list[str]:
 
 
 def spec_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"drafter": args.drafter, "lora": args.lora, "temperature": args.drafter_temperature,
+    return {"drafter": args.drafter, "lora": args.lora,
+            "drafter_temperature": args.drafter_temperature,
             "steps": args.steps, "context_window": args.context_window,
             "seed": args.drafter_seed}
 

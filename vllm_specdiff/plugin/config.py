@@ -23,9 +23,11 @@ class SpecDiffConfig:
 
     drafter: drafter directory; None uses the default drafter (`vllm-specdiff models`).
     lora: PEFT adapter directory merged into the drafter at load time.
-    temperature: drafter sampling temperature T_d (0: argmax drafts). With one draft per step
-      (K = 1) sampling only lowers acceptance, so the default is argmax; T_d matters once
-      self-selection over K > 1 drafts is used (the paper uses 1.5).
+    drafter_temperature: drafter sampling temperature T_d (0: argmax drafts), one name for the
+      option, `specdiff_engine_args`' keyword, the CLI's --drafter-temperature and
+      ReferenceDecoder's argument. With one draft per step (K = 1) sampling only lowers
+      acceptance, so the default is argmax; T_d matters once self-selection over K > 1 drafts
+      is used (the paper uses 1.5).
     top_k: keep only the top-k drafter logits per position before sampling (None: all).
     steps: denoising steps per draft (the paper uses 1).
     context_window: trailing context tokens the drafter sees (None: the whole context). The
@@ -42,7 +44,7 @@ class SpecDiffConfig:
 
     drafter: str | None = None
     lora: str | None = None
-    temperature: float = 0.0
+    drafter_temperature: float = 0.0
     top_k: int | None = None
     steps: int = 1
     context_window: int | None = None
@@ -188,7 +190,9 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
     return SpecDiffConfig(
         drafter=drafter,
         lora=lora,
-        temperature=_number("temperature", get("temperature", defaults.temperature), 0.0),
+        drafter_temperature=_number("drafter_temperature",
+                                    get("drafter_temperature", defaults.drafter_temperature),
+                                    0.0),
         top_k=top_k,
         steps=steps,
         context_window=_int("context_window", get("context_window", defaults.context_window), 1,

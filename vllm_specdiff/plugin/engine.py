@@ -24,7 +24,7 @@ def specdiff_engine_args(num_speculative_tokens: int = DEFAULT_GAMMA,
                          **options: Any) -> dict[str, Any]:  # noqa: ANN401
     """`speculative_config` and `additional_config` for `LLM(...)` / `EngineArgs`.
 
-    options are the drafter settings of `SpecDiffConfig` (drafter, lora, temperature, top_k,
+    options are the drafter settings of `SpecDiffConfig` (drafter, lora, drafter_temperature, top_k,
     steps, context_window, seed, cache_size, log_interval); they are validated here, so a bad
     option fails before the engine starts.
     """

@@ -114,7 +114,7 @@ class SpecDiffProposer:
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(self.config.seed)
         _logger().info("SpecDiff drafter %s loaded (gamma=%d, T_d=%s, steps=%d, cache=%d)",
-                       path, self.gamma, self.config.temperature, self.config.steps,
+                       path, self.gamma, self.config.drafter_temperature, self.config.steps,
                        self.cache_size)
 
     def _check_positions(self) -> None:
@@ -191,7 +191,8 @@ class SpecDiffProposer:
             group = [j for j, n in enumerate(lengths) if n == length]
             logits = self.drafter.draft_logits([contexts[j] for j in group], length,
                                                steps=min(self.config.steps, length))
-            marginals = draft_marginals(logits, self.config.temperature, self.config.top_k)
+            marginals = draft_marginals(logits, self.config.drafter_temperature,
+                                            self.config.top_k)
             tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
             for j, draft in zip(group, tokens, strict=True):
                 out[j] = draft
