@@ -24,9 +24,9 @@ def specdiff_engine_args(num_speculative_tokens: int = DEFAULT_GAMMA,
                          **options: Any) -> dict[str, Any]:  # noqa: ANN401
     """`speculative_config` and `additional_config` for `LLM(...)` / `EngineArgs`.
 
-    options are the drafter settings of `SpecDiffConfig` (drafter, lora, drafter_temperature, top_k,
-    steps, context_window, seed, cache_size, log_interval); they are validated here, so a bad
-    option fails before the engine starts.
+    options are the drafter settings of `SpecDiffConfig` (the names in `config.OPTIONS`:
+    drafter, lora, drafter_temperature, top_k, steps, context_window, cache_size,
+    cache_bytes, ...); they are validated here, so a bad option fails before the engine starts.
     """
     check_num_speculative_tokens(num_speculative_tokens)
     section = {k: v for k, v in options.items() if v is not None}
