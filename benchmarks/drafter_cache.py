@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
+
+from vllm_specdiff.provenance import provenance
 
 SETTINGS = ("sliding", "strided", "full")
 
@@ -92,13 +91,11 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(tmp) / "base"
         write_base(base, max_positions=args.context + 3 * args.steps + args.gamma + 64)
         results = {s: run(s, base, args) for s in SETTINGS}
+    command = ["python", "-m", "vllm_specdiff_benchmarks.drafter_cache",
+               *(sys.argv[1:] if argv is None else argv)]
     report = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
-                    "torch_threads": 1, "torch": torch.__version__},
-        "command": "python -m vllm_specdiff_benchmarks.drafter_cache " + " ".join(
-            sys.argv[1:] if argv is None else argv),
-        "config": {k: v for k, v in vars(args).items() if k != "out"},
+        "provenance": provenance(command),
+        "config": {**{k: v for k, v in vars(args).items() if k != "out"}, "torch_threads": 1},
         "results": results,
     }
     text = json.dumps(report, indent=2)
