@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_specdiff.drafter.quantize import QUANTIZE_MODES
+
 SECTION = "specdiff"
 
 
@@ -40,6 +42,8 @@ class SpecDiffConfig:
       budget (on the verifier's device), so it needs its own bound; entries no running request
       uses are dropped first.
     log_interval: seconds between the drafter's log lines (0 disables them).
+    quantize: "auto" (int8 linears on CPU, none on GPUs), "int8" (CPU only) or "none". The
+      drafter only proposes, so this changes speed and acceptance, never the output.
     """
 
     drafter: str | None = None
@@ -52,6 +56,7 @@ class SpecDiffConfig:
     cache_size: int | None = None
     cache_bytes: int | None = None
     log_interval: float = 10.0
+    quantize: str = "auto"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,6 +100,12 @@ def check_num_speculative_tokens(value: Any, name: str = "num_speculative_tokens
         raise ValueError(f"{name} must be an integer in [1, {limit}] (vLLM's rejection sampler "
                          f"verifies at most MAX_SPEC_LEN = {limit} draft tokens per step), "
                          f"got {value!r}")
+    return value
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:  # noqa: ANN401
+    if value not in choices:
+        raise ValueError(f"{_opt(name)} must be one of {list(choices)}, got {value!r}")
     return value
 
 
@@ -203,4 +214,5 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
         cache_bytes=_int("cache_bytes", get("cache_bytes", defaults.cache_bytes), 1,
                          allow_none=True),
         log_interval=_number("log_interval", get("log_interval", defaults.log_interval), 0.0),
+        quantize=_choice("quantize", get("quantize", defaults.quantize), QUANTIZE_MODES),
     )

@@ -108,7 +108,7 @@ class SpecDiffProposer:
             context_window=self.config.context_window,
             verifier_vocab_size=self.verifier_vocab_size, cache_size=self.cache_size,
             verifier_tokenizer=verifier_tokenizer(self.model_config),
-            cache_bytes=self.config.cache_bytes)
+            cache_bytes=self.config.cache_bytes, quantize=self.config.quantize)
         self._check_positions()
         self.drafter_path = path
         self.generator = torch.Generator(device=device)
@@ -191,9 +191,12 @@ class SpecDiffProposer:
             group = [j for j, n in enumerate(lengths) if n == length]
             logits = self.drafter.draft_logits([contexts[j] for j in group], length,
                                                steps=min(self.config.steps, length))
-            marginals = draft_marginals(logits, self.config.drafter_temperature,
+            if self.config.drafter_temperature == 0:  # argmax drafts: skip one-hot marginals over V
+                tokens = logits.argmax(-1).tolist()
+            else:
+                marginals = draft_marginals(logits, self.config.drafter_temperature,
                                             self.config.top_k)
-            tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
+                tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
             for j, draft in zip(group, tokens, strict=True):
                 out[j] = draft
         return out
@@ -223,6 +226,7 @@ class SpecDiffProposer:
         }
         if self.drafter is not None:
             out["drafter_cache"] = self.drafter.cache_stats()
+            out["quantization"] = self.drafter.quantization
         return out
 
     def reset_stats(self) -> None:
