@@ -1,5 +1,6 @@
 """`specdiff-distill`: generate verifier data, streak-distil a drafter, evaluate it.
 
+    specdiff-distill corpus --output prompts.jsonl --heldout-output chat_heldout.jsonl
     specdiff-distill generate --verifier DIR --prompts prompts.jsonl --output data/
     specdiff-distill train --data data/ --drafter DRAFTER_DIR --output runs/streak
     specdiff-distill eval --data data/ --verifier DIR --candidate base=DRAFTER_DIR \\
@@ -20,6 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 HELP = {
+    # corpus
+    "heldout_output": "also write general chat prompts on held-out topics here (benchmarks)",
+    "num_code": "code requests made from installed Python source",
+    "num_chat": "general chat instructions (templates x training topics)",
+    "num_heldout": "held-out chat prompts written to --heldout-output",
+    "source_roots": "comma-separated directories of Python source (default: this interpreter's "
+                    "standard library and site-packages)",
     # generate
     "verifier": "verifier model directory (transformers format)",
     "prompts": "jsonl: one prompt per line (string, {'prompt'|'text': str} or {'messages': [...]})",
@@ -39,11 +47,15 @@ HELP = {
     "device": "auto, cpu, cuda, cuda:N",
     # train
     "data": "data directory written by `generate`",
-    "output": "output directory (train) / JSON file (eval; a PNG is written beside it)",
+    "output": "output directory (train) / JSON file (eval; a PNG is written beside it) / "
+              "prompt jsonl (corpus) / slim drafter directory (export)",
     "drafter": "drafter directory to train (e.g. the default block-causal drafter)",
     "init_from": "or: a Llama/Qwen2 causal LM directory to build a block-causal drafter from",
     "num_layers": "decoder layers kept by --init-from",
     "draft_vocab": "reduced-vocabulary table (d2t.safetensors) for --init-from",
+    "draft_vocab_size": "train: build that table for --init-from from the data, the N verifier "
+                        "ids most frequent in it (saved as OUTPUT/d2t.safetensors); export: "
+                        "ship the same kind of table for a run that trained the full head",
     "init_lora": "a LoRA adapter merged into the starting weights",
     "tokenizer": "tokenizer directory the data is checked against (default: beside the drafter)",
     "loss": "streak (default), streak-soft, position-avg, mdm or kl",
@@ -75,6 +87,8 @@ HELP = {
     "min_context": "shortest context a window may have",
     "seed": "random seed (data order, sampling, initialisation)",
     "resume": "continue from the latest checkpoint in --output",
+    # export
+    "run": "a `train` output directory (its latest checkpoint) or one checkpoint directory",
     # eval
     "candidates": "[NAME=]PATH[+ADAPTER]: a drafter directory, a `train` output directory, or a "
                   "drafter plus an adapter; repeat to compare side by side",
@@ -85,8 +99,9 @@ HELP = {
     "plot": "write the per-position acceptance PNG",
 }
 SINGULAR = {"candidates": "candidate"}
-REQUIRED = {"generate": {"verifier", "prompts", "output"}, "train": {"data", "output"},
-            "eval": {"data", "verifier", "candidates"}}
+REQUIRED = {"corpus": {"output"}, "generate": {"verifier", "prompts", "output"},
+            "train": {"data", "output"}, "eval": {"data", "verifier", "candidates"},
+            "export": {"run", "verifier", "output"}}
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type, required: set[str]) -> None:
@@ -119,7 +134,9 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, required: set[str]) 
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .corpus import CorpusConfig
     from .evaluate import EvalConfig
+    from .export import ExportConfig
     from .generate import GenerateConfig
     from .trainer import TrainConfig
 
@@ -127,9 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, cls, desc in (
+            ("corpus", CorpusConfig, "build a training prompt corpus (installed Python source + "
+                                     "chat instructions)"),
             ("generate", GenerateConfig, "prompts -> verifier continuations (token-id shards)"),
             ("train", TrainConfig, "streak-distil a drafter on verifier sequences"),
-            ("eval", EvalConfig, "accepted lengths and acceptance curves against the verifier")):
+            ("eval", EvalConfig, "accepted lengths and acceptance curves against the verifier"),
+            ("export", ExportConfig, "a full fine-tuning run -> slim drafter directory + its "
+                                     "learning curve")):
         p = sub.add_parser(name, help=desc, description=desc)
         _add_fields(p, cls, REQUIRED[name])
         p.set_defaults(config_cls=cls)
@@ -145,7 +166,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = {f.name for f in dataclasses.fields(cls)}
     cfg = cls(**{k: v for k, v in vars(args).items() if k in names})
     try:
-        if args.command == "generate":
+        if args.command == "corpus":
+            from .corpus import run_corpus
+
+            result = run_corpus(cfg)
+        elif args.command == "generate":
             from .generate import run_generate
 
             result = run_generate(cfg)
@@ -153,6 +178,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .trainer import run_train
 
             result = run_train(cfg)
+        elif args.command == "export":
+            from .export import run_export
+
+            result = run_export(cfg)
         else:
             from .evaluate import run_eval
 

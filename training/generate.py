@@ -35,6 +35,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+VLLM_MAX_NUM_SEQS = 64  # sequences vLLM decodes together: batch throughput without huge steps
+CPU_KV_CACHE_BYTES = 2 * 2**30
+
 # Settings that change what a shard contains: a resumed run must use the same ones.
 _DATA_KEYS = ("verifier", "prompts", "num_samples", "temperature", "max_new_tokens", "top_logprobs",
               "chunk_size", "seed", "max_prompt_tokens", "chat_template", "max_prompts")
@@ -201,8 +204,12 @@ class VllmBackend:
         device = _resolve_device(cfg.device)
         dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16",
                  torch.float16: "float16"}[_resolve_dtype(cfg.dtype, device)]
+        cpu = not device.startswith("cuda")
+        # On CPU: eager (torch.compile costs minutes of start-up on small machines) and an
+        # explicit KV-cache size (vLLM's default claims most of the machine's memory).
+        extra = {"enforce_eager": True, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES} if cpu else {}
         self.llm = LLM(model=cfg.verifier, tokenizer=cfg.verifier, dtype=dtype, seed=cfg.seed,
-                       max_model_len=max_model_len)
+                       max_model_len=max_model_len, max_num_seqs=VLLM_MAX_NUM_SEQS, **extra)
 
     def generate(self, prompt_ids: list[list[int]], seed: int) -> SequenceChunk:
         from vllm import SamplingParams

@@ -18,6 +18,7 @@ from vllm_specdiff.drafter.base import Drafter
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
+DATA_VOCAB_FILE = "d2t.safetensors"  # train --draft-vocab-size: the table built from the data
 
 
 def build_drafter(drafter: str | None, init_from: str | None, num_layers: int,
@@ -157,8 +158,11 @@ def drafter_from_checkpoint(path: Path) -> Drafter:
     path = Path(path)
     state = json.loads((path / "state.json").read_text())
     cfg = state["config"]
-    drafter = build_drafter(cfg["drafter"], cfg["init_from"], cfg["num_layers"],
-                            cfg["draft_vocab"], cfg["init_lora"])
+    draft_vocab = cfg["draft_vocab"]
+    if cfg.get("draft_vocab_size") and draft_vocab is None:  # built by the run: out/d2t.safetensors
+        draft_vocab = str(path.parent.parent / DATA_VOCAB_FILE)
+    drafter = build_drafter(cfg["drafter"], cfg["init_from"], cfg["num_layers"], draft_vocab,
+                            cfg["init_lora"])
     if cfg["finetune"] == "lora":
         add_lora(drafter, cfg["lora_rank"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
     load_trainable_state(drafter, load_file(str(path / "trainable.safetensors")))

@@ -23,9 +23,16 @@ from tqdm import tqdm
 
 from vllm_specdiff.drafter.vocab import copy_tokenizer_files
 
-from .data import check_fingerprint, load_sequences, split_heldout, tokenizer_fingerprint
+from .data import (
+    SequenceData,
+    check_fingerprint,
+    load_sequences,
+    split_heldout,
+    tokenizer_fingerprint,
+)
 from .losses import SOFT_LOSSES, Targets, expected_streak_of, get_loss
 from .model import (
+    DATA_VOCAB_FILE,
     DEFAULT_LORA_TARGETS,
     WindowModel,
     add_lora,
@@ -64,6 +71,7 @@ class TrainConfig:
     init_from: str | None = None  # or: a causal LM directory -> new block-causal drafter
     num_layers: int = 4  # layers kept by --init-from
     draft_vocab: str | None = None  # d2t table (reduced head) for --init-from
+    draft_vocab_size: int | None = None  # or: build that table from the data (N ids)
     init_lora: str | None = None  # an adapter merged into the starting weights
     tokenizer: str | None = None  # tokenizer the data must have been made with
     loss: str = "streak"
@@ -112,6 +120,12 @@ class TrainConfig:
             raise ValueError("--mixed-precision must be auto, no, bf16 or fp16")
         if self.save_every < 1:
             raise ValueError("--save-every must be >= 1")
+        if self.draft_vocab_size is not None:
+            if self.draft_vocab is not None or self.init_from is None:
+                raise ValueError("--draft-vocab-size builds the reduced head for --init-from; "
+                                 "do not combine it with --draft-vocab or --drafter")
+            if self.draft_vocab_size < 1:
+                raise ValueError("--draft-vocab-size must be >= 1")
 
 
 def resolve_mixed_precision(choice: str) -> str:
@@ -175,7 +189,7 @@ def _check_same_run(checkpoint: Path, cfg: TrainConfig) -> None:
                          f"use the same settings to resume it, or a new --output")
 
 
-def _latest_checkpoint(out: Path) -> Path | None:
+def latest_checkpoint(out: Path) -> Path | None:
     ckpts = sorted((out / CKPT_DIR).glob("step-*"))
     ckpts = [c for c in ckpts if (c / "state.json").is_file()]
     return ckpts[-1] if ckpts else None
@@ -200,7 +214,11 @@ class Trainer:
         self.soft = cfg.loss in SOFT_LOSSES
 
         torch.manual_seed(cfg.seed)
-        self.drafter = build_drafter(cfg.drafter, cfg.init_from, cfg.num_layers, cfg.draft_vocab,
+        draft_vocab = cfg.draft_vocab
+        if cfg.draft_vocab_size is not None:
+            draft_vocab = str(ensure_data_vocab(self.out, self.train_data, cfg.draft_vocab_size,
+                                                cfg.tokenizer or cfg.init_from))
+        self.drafter = build_drafter(cfg.drafter, cfg.init_from, cfg.num_layers, draft_vocab,
                                      cfg.init_lora)
         # Windows must fit the drafter's position range (context + gamma).
         self.max_length = min(cfg.max_length or self.drafter.max_positions,
@@ -289,7 +307,7 @@ class Trainer:
 
     def train_step(self) -> dict:
         cfg, acc = self.cfg, self.accelerator
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         total_loss, streak_sum, windows, tokens = 0.0, 0.0, 0, 0
         for micro in range(cfg.grad_accum):
             batch = self._micro_batch(micro)
@@ -321,7 +339,8 @@ class Trainer:
             streak_sum, windows, tokens = float(totals[1]), int(totals[2]), int(totals[3])
         return {"step": self.step, "loss": total_loss, "expected_streak": streak_sum / windows,
                 "lr": lr, "grad_norm": float(grad_norm), "windows": windows,
-                "tokens_per_s": tokens / seconds, "seconds": seconds}
+                "tokens": tokens, "tokens_per_s": tokens / seconds, "seconds": seconds,
+                "cpu_seconds": time.process_time() - cpu_start}
 
     # ---- held-out measure (drafter only; `eval` adds the verifier) -----------------------------
     @torch.no_grad()
@@ -352,7 +371,7 @@ class Trainer:
     def run(self) -> dict:
         cfg, acc = self.cfg, self.accelerator
         self.out.mkdir(parents=True, exist_ok=True)
-        latest = _latest_checkpoint(self.out)
+        latest = latest_checkpoint(self.out)
         if latest is not None and not cfg.resume:
             raise ValueError(f"--output {self.out} holds checkpoints of an earlier run; resume it "
                              f"(drop --no-resume) or use a new --output")
@@ -408,6 +427,34 @@ class Trainer:
             write_json(self.out / "train_summary.json", summary)
         acc.wait_for_everyone()
         return summary
+
+
+def build_data_vocab(data: SequenceData, size: int, tokenizer_dir: str) -> torch.Tensor:
+    """A reduced head's table: the `size` verifier ids most frequent in the data's sequences
+    (replies often copy from their prompts, so prompts count too), special tokens always kept."""
+    from transformers import AutoTokenizer
+
+    from vllm_specdiff.drafter.vocab import build_d2t, count_tokens
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    sequences = (data.sequence(i).tolist() for i in range(len(data)))
+    counts = count_tokens(sequences, int(data.meta.get("vocab_size") or len(tokenizer)))
+    d2t = build_d2t(counts, size, always_include=tokenizer.all_special_ids)
+    covered = counts[d2t].sum().item() / max(1, counts.sum().item())
+    log.info("reduced head: %d ids cover %.2f%% of the data's tokens", size, 100 * covered)
+    return d2t
+
+
+def ensure_data_vocab(out: Path, data: SequenceData, size: int, tokenizer_dir: str) -> Path:
+    """`build_data_vocab` once per run directory, so a resumed run keeps the head rows its
+    checkpoints were trained with."""
+    from vllm_specdiff.drafter.vocab import save_d2t
+
+    path = out / DATA_VOCAB_FILE
+    if not path.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        save_d2t(path, build_data_vocab(data, size, tokenizer_dir))
+    return path
 
 
 def _truncate_log(path: Path, step: int) -> None:

@@ -39,6 +39,20 @@ class Comparison:
         plain = self.plain_tokens_per_s
         return self.spec_tokens_per_s / plain if plain else 0.0
 
+    def step_costs(self) -> dict[str, float | None]:
+        """Per engine step (ms): plain decoding, the speculative step, its drafter and verifier
+        parts, and the drafter's cost relative to the verifier's (the issue's d / v)."""
+        calls = self.spec_stats.get("proposer", {}).get("propose_calls", 0)
+        drafter = self.spec_stats.get("drafter_ms_per_step")
+        if not calls or drafter is None or not self.plain_tokens:
+            return {"plain_step_ms": None, "spec_step_ms": None, "verifier_ms_per_step": None,
+                    "drafter_to_verifier": None}
+        spec_step = 1000.0 * self.spec_seconds / calls
+        verifier = spec_step - drafter
+        return {"plain_step_ms": round(1000.0 * self.plain_seconds / self.plain_tokens, 3),
+                "spec_step_ms": round(spec_step, 3), "verifier_ms_per_step": round(verifier, 3),
+                "drafter_to_verifier": round(drafter / verifier, 4) if verifier > 0 else None}
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "prompts": self.prompts,
@@ -49,6 +63,7 @@ class Comparison:
             "mismatched_prompts": self.mismatches,
             "mean_accepted_length": self.spec_stats.get("mean_accepted_length"),
             "drafter_ms_per_step": self.spec_stats.get("drafter_ms_per_step"),
+            **self.step_costs(),
         }
 
 

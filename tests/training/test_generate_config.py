@@ -8,7 +8,7 @@ import shutil
 import pytest
 import torch
 
-from training.generate import GenerateConfig, TransformersBackend
+from vllm_specdiff_training.generate import GenerateConfig, TransformersBackend
 
 # Every field a checkpoint's generation_config.json can set that changes what is sampled.
 LEAKY = {

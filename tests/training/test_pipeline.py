@@ -173,9 +173,14 @@ def _proposer(drafter, lora, verifier):
 
     cfg = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=GAMMA),
-        additional_config={"specdiff": {"drafter": str(drafter), "lora": str(lora)}},
-        model_config=SimpleNamespace(max_model_len=256, get_vocab_size=lambda: 64,
-                                     tokenizer=str(verifier)),
+        # float32: the merged adapter must reproduce the trained drafter's marginals exactly
+        # (int8, the CPU default, only approximates them)
+        additional_config={"specdiff": {"drafter": str(drafter), "lora": str(lora),
+                                        "quantize": "none"}},
+        model_config=SimpleNamespace(  # the fields vLLM's tokenizer loader reads, too
+            model=str(verifier), max_model_len=256, get_vocab_size=lambda: 64,
+            tokenizer=str(verifier), skip_tokenizer_init=False, runner_type="generate",
+            tokenizer_mode="auto", tokenizer_revision=None, trust_remote_code=False),
         scheduler_config=SimpleNamespace(max_num_seqs=4))
     return SpecDiffProposer(cfg)
 

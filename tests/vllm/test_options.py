@@ -17,18 +17,18 @@ def test_defaults_when_section_missing():
 
 def test_valid_options_are_parsed(tiny_drafter):
     cfg = parse_specdiff_config(json.dumps({"specdiff": {
-        "drafter": str(tiny_drafter), "temperature": 1.5, "steps": 2, "context_window": 256,
+        "drafter": str(tiny_drafter), "drafter_temperature": 1.5, "steps": 2, "context_window": 256,
         "seed": 3, "top_k": 20, "cache_size": 8}}), gamma=4)
     assert cfg.drafter == str(tiny_drafter)
-    assert (cfg.temperature, cfg.steps, cfg.context_window, cfg.seed, cfg.top_k,
+    assert (cfg.drafter_temperature, cfg.steps, cfg.context_window, cfg.seed, cfg.top_k,
             cfg.cache_size) == (1.5, 2, 256, 3, 20, 8)
 
 
 @pytest.mark.parametrize(("section", "error", "named"), [
     ({"temprature": 1.0}, ValueError, "temprature"),
-    ({"temperature": -0.5}, ValueError, "'temperature'"),
-    ({"temperature": float("nan")}, ValueError, "'temperature'"),
-    ({"temperature": "hot"}, ValueError, "'temperature'"),
+    ({"drafter_temperature": -0.5}, ValueError, "'drafter_temperature'"),
+    ({"drafter_temperature": float("nan")}, ValueError, "'drafter_temperature'"),
+    ({"drafter_temperature": "hot"}, ValueError, "'drafter_temperature'"),
     ({"steps": 0}, ValueError, "'steps'"),
     ({"steps": 9}, ValueError, "num_speculative_tokens=4"),
     ({"seed": -1}, ValueError, "'seed'"),
@@ -50,10 +50,10 @@ def test_drafter_dir_without_config_is_rejected(tmp_path):
 def test_engine_args_validate_before_start():
     from vllm_specdiff.plugin.engine import specdiff_engine_args
 
-    args = specdiff_engine_args(6, temperature=1.0)
+    args = specdiff_engine_args(6, drafter_temperature=1.0)
     assert args["speculative_config"] == {"model": "vllm_specdiff.SpecDiffProposer",
                                           "num_speculative_tokens": 6}
-    assert args["additional_config"] == {"specdiff": {"temperature": 1.0}}
+    assert args["additional_config"] == {"specdiff": {"drafter_temperature": 1.0}}
     with pytest.raises(ValueError, match="num_speculative_tokens"):
         specdiff_engine_args(0)
     with pytest.raises(ValueError, match="unknown option"):
@@ -70,8 +70,8 @@ def test_serve_checks_options_before_starting(capsys):
     err = capsys.readouterr().err
     assert "'drafter'" in err and "/nonexistent/dir" in err
     code = serve(["m", f"--speculative-config={spec}",
-                  "--additional-config", json.dumps({"specdiff": {"temperature": -1}})])
-    assert code == 2 and "'temperature'" in capsys.readouterr().err
+                  "--additional-config", json.dumps({"specdiff": {"drafter_temperature": -1}})])
+    assert code == 2 and "'drafter_temperature'" in capsys.readouterr().err
     code = serve(["m", "-sc", spec, "--additional-config", bad])  # vLLM's short spelling
     assert code == 2 and "'drafter'" in capsys.readouterr().err
 
@@ -79,7 +79,7 @@ def test_serve_checks_options_before_starting(capsys):
 def test_serve_precheck_accepts_every_speculative_config_spelling():
     from vllm_specdiff.commands.serve import check_specdiff_args
 
-    good = json.dumps({"specdiff": {"temperature": 0}})
+    good = json.dumps({"specdiff": {"drafter_temperature": 0}})
     spec = json.dumps({"model": "vllm_specdiff.SpecDiffProposer", "num_speculative_tokens": 4})
     for argv in (["-sc", spec], [f"-sc={spec}"], ["--speculative-config", spec],
                  ["--speculative-config.model", "vllm_specdiff.SpecDiffProposer",
@@ -149,12 +149,12 @@ def test_cpu_expand_kernel_fix_fills_float_outputs():
 def test_bad_option_fails_engine_start(tiny_verifier):
     from vllm import LLM
 
-    with pytest.raises(Exception, match="'temperature'") as info:
+    with pytest.raises(Exception, match="'drafter_temperature'") as info:
         LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=2**20,
             enforce_eager=True, dtype="float32",
             speculative_config={"model": "vllm_specdiff.SpecDiffProposer",
                                 "num_speculative_tokens": 2},
-            additional_config={"specdiff": {"temperature": -1.0}})
+            additional_config={"specdiff": {"drafter_temperature": -1.0}})
     assert "must be a finite number >= 0" in str(info.value)
 
 
@@ -383,3 +383,74 @@ def test_serve_reports_a_broken_drafter_before_starting(tiny_drafter, tmp_path, 
                   "--additional-config", json.dumps({"specdiff": {"drafter": str(path)}})])
     assert code == 2 and time.perf_counter() - start < 10
     assert f"{path / 'config.json'}' is not valid JSON" in capsys.readouterr().err
+
+
+def test_speculative_model_shorthand_expands_for_serve(tiny_drafter):
+    from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
+
+    from vllm_specdiff.commands.common import expand_speculative_model
+    from vllm_specdiff.commands.serve import check_specdiff_args
+    from vllm_specdiff.plugin.engine import DEFAULT_GAMMA, PROPOSER_PATH
+
+    d = str(tiny_drafter)
+    argv = expand_speculative_model(["m", "--speculative-model", d, "--port", "1",
+                                     "--num-speculative-tokens=3"])
+    assert argv[:3] == ["m", "--port", "1"]
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "model": PROPOSER_PATH, "num_speculative_tokens": 3}
+    assert json.loads(argv[argv.index("--additional-config") + 1]) == {"specdiff": {"drafter": d}}
+    check_specdiff_args(argv)  # the long spelling it became passes the serve pre-check
+    merged = expand_speculative_model([
+        f"--speculative-model={d}", "--additional-config",
+        json.dumps({"specdiff": {"drafter_temperature": 0.5}, "other_plugin": {"x": 1}})])
+    assert json.loads(merged[merged.index("--speculative-config") + 1])[
+        "num_speculative_tokens"] == DEFAULT_GAMMA
+    assert json.loads(merged[-1]) == {"specdiff": {"drafter_temperature": 0.5, "drafter": d},
+                                      "other_plugin": {"x": 1}}
+    assert merged.count("--additional-config") == 1
+    assert expand_speculative_model(["m", "--port", "1"]) == ["m", "--port", "1"]
+    spec = json.dumps({"model": PROPOSER_PATH, "num_speculative_tokens": 4})
+    for argv, error, message in [
+        (["--speculative-model", d, "-sc", spec], ValueError, "give one of them"),
+        (["--speculative-model", d, "--speculative-config.num_speculative_tokens", "4"],
+         ValueError, "give one of them"),
+        (["--num-speculative-tokens", "4"], ValueError, "goes with --speculative-model"),
+        (["--speculative-model", d, "--num-speculative-tokens", "x"], ValueError, "integer"),
+        (["--speculative-model", d, "--num-speculative-tokens", str(MAX_SPEC_LEN + 1)],
+         ValueError, "MAX_SPEC_LEN"),
+        (["--speculative-model", d, "--additional-config", json.dumps(
+            {"specdiff": {"drafter": d}})], ValueError, "both name a drafter"),
+        (["--speculative-model", "/nonexistent/d"], FileNotFoundError, "'drafter'"),
+    ]:
+        with pytest.raises(error, match=message):
+            expand_speculative_model(argv)
+
+
+def test_speculative_model_spelling_in_generate_and_bench(tiny_drafter):
+    from vllm_specdiff.cli import build_parser
+
+    parser = build_parser()
+    for command in (["generate", "--input", "i.jsonl", "--output", "o.jsonl"], ["bench"]):
+        args = parser.parse_args([*command, "--speculative-model", str(tiny_drafter),
+                                  "--num-speculative-tokens", "3"])
+        assert (args.drafter, args.gamma) == (str(tiny_drafter), 3)
+        args = parser.parse_args([*command, "--drafter", str(tiny_drafter), "--gamma", "5"])
+        assert (args.drafter, args.gamma) == (str(tiny_drafter), 5)
+
+
+def test_drafter_temperature_has_one_name(tmp_path):
+    """The option, the Python keyword and the CLI flag are all drafter_temperature; the old key
+    `temperature` (easily confused with the request's) is refused, not ignored."""
+    from vllm_specdiff.cli import build_parser
+    from vllm_specdiff.commands.common import spec_options
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+
+    args = build_parser().parse_args(["bench", "--drafter-temperature", "0.5",
+                                      "--temperature", "0.9"])
+    options = spec_options(args)
+    assert options["drafter_temperature"] == 0.5 and "temperature" not in options
+    section = specdiff_engine_args(4, **options)["additional_config"]["specdiff"]
+    assert parse_specdiff_config({"specdiff": section}).drafter_temperature == 0.5
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['temperature'\].*"
+                                         "'drafter_temperature'"):
+        parse_specdiff_config({"specdiff": {"temperature": 0.5}})

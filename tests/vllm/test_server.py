@@ -33,12 +33,14 @@ def server(tiny_verifier, tiny_drafter, tmp_path_factory):
 
     port = _free_port()
     log_path = tmp_path_factory.mktemp("server") / "server.log"
-    spec = {"model": "vllm_specdiff.SpecDiffProposer", "num_speculative_tokens": GAMMA}
-    extra = {"specdiff": {"drafter": str(tiny_drafter), "log_interval": 0.5}}
+    extra = {"specdiff": {"log_interval": 0.5}}
+    # the shorthand spelling; tests/vllm/test_options.py checks it expands to
+    # --speculative-config plus the drafter merged into --additional-config
     cmd = [sys.executable, "-m", "vllm_specdiff.cli", "serve", str(tiny_verifier),
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
            "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32",
-           "--speculative-config", json.dumps(spec), "--additional-config", json.dumps(extra)]
+           "--speculative-model", str(tiny_drafter), "--num-speculative-tokens", str(GAMMA),
+           "--additional-config", json.dumps(extra)]
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     log = open(log_path, "w")

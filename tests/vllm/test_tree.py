@@ -33,7 +33,7 @@ def _engine_kwargs(model, **overrides) -> dict:
 def _tree_args(drafter, gamma: int, k: int, **options) -> dict:
     from vllm_specdiff.plugin.config import TREE_WORKER
 
-    args = speculative_args(drafter, gamma=gamma, K=k, temperature=1.5,
+    args = speculative_args(drafter, gamma=gamma, K=k, drafter_temperature=1.5,
                             max_tree_tokens=k * gamma + 1, **options)
     if k > 1:
         args.update(worker_cls=TREE_WORKER, async_scheduling=False)

@@ -107,7 +107,7 @@ def test_k_above_one_selects_the_tree_worker():
     from vllm_specdiff.plugin.engine import specdiff_engine_args
 
     assert "worker_cls" not in specdiff_engine_args(4)  # K = 1: vLLM's own worker and path
-    args = specdiff_engine_args(4, K=3, temperature=1.5)
+    args = specdiff_engine_args(4, K=3, drafter_temperature=1.5)
     assert args["worker_cls"] == TREE_WORKER and args["async_scheduling"] is False
     assert args["additional_config"]["specdiff"]["K"] == 3
     config = parse_specdiff_config({"specdiff": {"K": 2}}, gamma=4)

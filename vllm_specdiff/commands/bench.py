@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_specdiff.commands.common import add_engine_args, add_spec_args
+from vllm_specdiff.provenance import provenance
 
 USES_VLLM = True
 
@@ -61,7 +62,10 @@ def print_summary(summary: dict[str, Any]) -> None:
     print(f"speculative decoding: {summary['spec_tokens_per_s']:.2f} tokens/s")
     print(f"speed ratio (spec/plain, same process): {summary['speed_ratio']:.3f}")
     print(f"mean accepted length: {mal:.3f} draft tokens per step (of {summary['gamma']})")
-    print(f"drafter time: {dms:.1f} ms per step")
+    ratio = summary.get("drafter_to_verifier")
+    share = f" ({100 * ratio:.1f}% of the verifier's {summary['verifier_ms_per_step']:.1f} ms)" \
+        if ratio is not None else ""
+    print(f"drafter time: {dms:.1f} ms per step{share}")
     if summary["temperature"] == 0:
         verdict = "yes" if ident else f"NO (prompts {summary['mismatched_prompts']})"
         print(f"greedy outputs identical: {verdict}")
@@ -71,6 +75,7 @@ def report(summary: dict[str, Any], output: str | None) -> int:
     """Print the summary, write it as JSON to `output` if given; exit status 1 if greedy
     outputs differed (shared by `bench` and `demo`)."""
     print_summary(summary)
+    summary = {**summary, "provenance": provenance()}
     if output:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
         Path(output).write_text(json.dumps(summary, indent=2))

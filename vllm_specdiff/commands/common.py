@@ -9,10 +9,15 @@ the engine in this process (start-up in seconds instead of tens of seconds).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from typing import Any
 
 DEFAULT_KV_CACHE_GIB = 0.5
+# The shorthand of every command for "the SpecDiff proposer with this drafter" (vLLM 0.32 itself
+# spells it --speculative-config plus --additional-config; `serve` writes that out).
+SPECULATIVE_MODEL = "--speculative-model"
+NUM_SPECULATIVE_TOKENS = "--num-speculative-tokens"
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -32,9 +37,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
 
 def add_spec_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("speculative decoding (SpecDiff drafter)")
-    g.add_argument("--num-speculative-tokens", "--gamma", type=int, default=8, dest="gamma",
+    g.add_argument(NUM_SPECULATIVE_TOKENS, "--gamma", type=int, default=8, dest="gamma",
                    help="draft tokens per step (gamma)")
-    g.add_argument("--drafter", default=None,
+    g.add_argument("--drafter", SPECULATIVE_MODEL, default=None, dest="drafter",
                    help="drafter directory (default: the default drafter)")
     g.add_argument("--lora", default=None, help="LoRA adapter merged into the drafter")
     g.add_argument("--drafter-temperature", type=float, default=None,
@@ -49,8 +54,83 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
                    help="verifier tokens per request and step for K > 1 (root included)")
 
 
+def split_option(argv: list[str], *names: str) -> tuple[list[str], list[str]]:
+    """argv without `--name VALUE` / `--name=VALUE` (any of the spellings), and those values."""
+    rest: list[str] = []
+    values: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in names and i + 1 < len(argv):
+            values.append(argv[i + 1])
+            i += 2
+            continue
+        if any(arg.startswith(name + "=") for name in names):
+            values.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, values
+
+
+def option_values(argv: list[str], *names: str) -> list[str]:
+    """Values of `--name VALUE` / `--name=VALUE` in argv, for any of the option's spellings."""
+    return split_option(argv, *names)[1]
+
+
+def json_option(argv: list[str], *names: str) -> dict | None:
+    """The last value of a JSON-object option (e.g. --additional-config), or None if absent."""
+    values = option_values(argv, *names)
+    if not values:
+        return None
+    try:
+        value = json.loads(values[-1])
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{names[0]} is not valid JSON: {e}") from e
+    if not isinstance(value, dict):
+        raise ValueError(f"{names[0]} must be a JSON object")
+    return value
+
+
+def expand_speculative_model(argv: list[str]) -> list[str]:
+    """`vllm serve` arguments with `--speculative-model DRAFTER_DIR [--num-speculative-tokens
+    N]` written out as vLLM 0.32 spells them: the proposer in --speculative-config, the drafter
+    in --additional-config (merged with a specdiff section already there)."""
+    from vllm_specdiff.plugin.config import SECTION
+    from vllm_specdiff.plugin.engine import DEFAULT_GAMMA, specdiff_engine_args
+
+    rest, drafters = split_option(argv, SPECULATIVE_MODEL)
+    rest, counts = split_option(rest, NUM_SPECULATIVE_TOKENS)
+    if not drafters:
+        if counts:
+            raise ValueError(f"{NUM_SPECULATIVE_TOKENS} goes with {SPECULATIVE_MODEL} "
+                             "DRAFTER_DIR (or set num_speculative_tokens in --speculative-config)")
+        return argv
+    if option_values(rest, "--speculative-config", "-sc", "--spec-model", "--spec-method",
+                     "--spec-tokens") \
+            or any(a.startswith(("--speculative-config.", "-sc.")) for a in rest):
+        raise ValueError(f"{SPECULATIVE_MODEL} is the shorthand for --speculative-config; "
+                         "give one of them")
+    try:
+        gamma = int(counts[-1]) if counts else DEFAULT_GAMMA
+    except ValueError:
+        raise ValueError(f"{NUM_SPECULATIVE_TOKENS} must be an integer, "
+                         f"got {counts[-1]!r}") from None
+    additional = json_option(rest, "--additional-config") or {}
+    rest, _ = split_option(rest, "--additional-config")
+    section = dict(additional.get(SECTION) or {})
+    if "drafter" in section:
+        raise ValueError(f"{SPECULATIVE_MODEL} and --additional-config's {SECTION!r} section "
+                         "both name a drafter; give one")
+    engine = specdiff_engine_args(gamma, **section, drafter=drafters[-1])
+    additional[SECTION] = engine["additional_config"][SECTION]
+    return [*rest, "--speculative-config", json.dumps(engine["speculative_config"]),
+            "--additional-config", json.dumps(additional)]
+
+
 def spec_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"drafter": args.drafter, "lora": args.lora, "temperature": args.drafter_temperature,
+    return {"drafter": args.drafter, "lora": args.lora,
+            "drafter_temperature": args.drafter_temperature,
             "steps": args.steps, "context_window": args.context_window,
             "seed": args.drafter_seed, "K": args.num_candidates,
             "max_tree_tokens": args.max_tree_tokens}

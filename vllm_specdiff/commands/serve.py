@@ -7,6 +7,9 @@ it checks the SpecDiff options (`--additional-config`) so a bad option fails in 
 instead of inside the engine process. The model defaults to the default verifier. On CPU it
 sizes the KV cache (`VLLM_CPU_KVCACHE_SPACE`, 1 GiB) unless told otherwise, because vLLM's
 default reserves 92% of the memory node. GPU installs can use plain `vllm serve` directly.
+`--speculative-model DRAFTER_DIR [--num-speculative-tokens N]` is accepted as the shorthand for
+the SpecDiff proposer with that drafter (written out as --speculative-config and
+--additional-config before vLLM sees the arguments).
 """
 
 from __future__ import annotations
@@ -14,11 +17,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
-import json
 import os
 import sys
 from collections.abc import Iterator
 
+from vllm_specdiff.commands.common import expand_speculative_model, json_option, option_values
 from vllm_specdiff.plugin.config import TREE_WORKER, SpecDiffConfig
 from vllm_specdiff.plugin.engine import PROPOSER_PATH
 
@@ -26,37 +29,11 @@ USES_VLLM = True
 DEFAULT_CPU_KV_CACHE_GIB = "1"
 
 
-def _option_values(argv: list[str], *names: str) -> list[str]:
-    """Values of `--name VALUE` / `--name=VALUE` in argv, for any of the option's spellings."""
-    values = []
-    for i, arg in enumerate(argv):
-        for name in names:
-            if arg == name and i + 1 < len(argv):
-                values.append(argv[i + 1])
-            elif arg.startswith(name + "="):
-                values.append(arg.split("=", 1)[1])
-    return values
-
-
-def _json_option(argv: list[str], *names: str) -> dict | None:
-    name = names[0]
-    values = _option_values(argv, *names)
-    if not values:
-        return None
-    try:
-        value = json.loads(values[-1])
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{name} is not valid JSON: {e}") from e
-    if not isinstance(value, dict):
-        raise ValueError(f"{name} must be a JSON object")
-    return value
-
-
 def _served_model(argv: list[str]) -> str | None:
     """The model argument of `vllm serve` (positional or --model); None: the default one."""
     if argv and not argv[0].startswith("-"):
         return argv[0]
-    values = _option_values(argv, "--model")
+    values = option_values(argv, "--model")
     return values[-1] if values else None
 
 
@@ -70,8 +47,8 @@ def check_specdiff_args(argv: list[str]) -> SpecDiffConfig | None:
 
     if any(arg.startswith(("--speculative-config.", "-sc.")) for arg in argv):
         return None  # dotted sub-options: vLLM assembles them; the proposer validates at start-up
-    spec = _json_option(argv, "--speculative-config", "-sc")
-    additional = _json_option(argv, "--additional-config")
+    spec = json_option(argv, "--speculative-config", "-sc")
+    additional = json_option(argv, "--additional-config")
     if spec is None or spec.get("model") != PROPOSER_PATH:
         if additional and "specdiff" in additional:
             raise ValueError("--additional-config has a 'specdiff' section but "
@@ -86,7 +63,7 @@ def check_specdiff_args(argv: list[str]) -> SpecDiffConfig | None:
 
 def tree_worker_argv(argv: list[str], config: SpecDiffConfig | None) -> list[str]:
     """K > 1 needs the tree-verifying worker: add `--worker-cls` unless the user chose one."""
-    if config is None or config.K == 1 or _option_values(argv, "--worker-cls"):
+    if config is None or config.K == 1 or option_values(argv, "--worker-cls"):
         return argv
     return [*argv, "--worker-cls", TREE_WORKER]
 
@@ -127,7 +104,7 @@ def default_model_argv(argv: list[str]) -> list[str]:
     """Insert the default verifier when no model is given (`serve --port 8000 ...`)."""
     if any(a in ("-h", "--help") or a.startswith("--help=") for a in argv):
         return argv
-    if (argv and not argv[0].startswith("-")) or _option_values(argv, "--model"):
+    if (argv and not argv[0].startswith("-")) or option_values(argv, "--model"):
         return argv
     from vllm_specdiff.models import prepare_verifier
 
@@ -136,13 +113,14 @@ def default_model_argv(argv: list[str]) -> list[str]:
 
 def serve(argv: list[str]) -> int:
     try:
+        argv = expand_speculative_model(argv)
         config = check_specdiff_args(argv)
     except (ValueError, FileNotFoundError) as e:
         print(f"vllm-specdiff serve: error: {e}", file=sys.stderr)
         return 2
     argv = tree_worker_argv(default_model_argv(argv), config)
     if _is_cpu_build() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ \
-            and not _option_values(argv, "--kv-cache-memory-bytes"):
+            and not option_values(argv, "--kv-cache-memory-bytes"):
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = DEFAULT_CPU_KV_CACHE_GIB
     with vllm_metadata_alias():
         from vllm.entrypoints.cli.main import main as vllm_main

@@ -31,6 +31,7 @@ class Drafter(nn.Module):
     max_positions: int
     context_window: int | None = None
     draft_to_verifier: torch.Tensor | None
+    quantization: str = "none"  # set by drafter/quantize.py
 
     # ---- to implement -------------------------------------------------------------------------
     def _block_logits(self, contexts: list[torch.Tensor], block: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from .checkpoint import parse_dtype, read_config, tensor_shapes, weight_files
 from .dream import DREAM_TYPES, DreamDrafter
 from .llada import LLADA_TYPES, LLaDADrafter
 from .lora import check_adapter_dir, check_adapter_fits, merge_lora
+from .quantize import quantize_drafter, resolve_quantize
 from .vocab import D2T_FILE, apply_reduced_vocab, check_tokenizer_match, load_d2t
 
 KNOWN_TYPES = (BLOCK_CAUSAL_TYPE, *DREAM_TYPES, *LLADA_TYPES)
@@ -50,7 +51,7 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
                  dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
                  context_window: int | None = None, verifier_vocab_size: int | None = None,
                  cache_size: int = 64, verifier_tokenizer: object = None,
-                 cache_bytes: int | None = None) -> Drafter:
+                 cache_bytes: int | None = None, quantize: str = "none") -> Drafter:
     """Load a drafter directory (config.json + safetensors), offline, without remote code.
 
     lora: a PEFT adapter directory merged into the weights at load time.
@@ -60,6 +61,8 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
       appended extras) are dropped. A drafter that covers fewer ids is a vocabulary mismatch.
     cache_size: KV-pool entries of the block-causal drafter (0 disables its cache).
     cache_bytes: byte budget of that KV pool (None: 1 GiB).
+    quantize: "none", "int8" (dynamic int8 linears, CPU float32 only) or "auto" (int8 on CPU,
+      none elsewhere); see drafter/quantize.py.
     verifier_tokenizer: the verifier's tokenizer (directory or object with get_vocab()); when
       given, every verifier token must have the same id in the drafter directory's tokenizer.
     """
@@ -69,6 +72,7 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     model_type = cfg.get("model_type")
     dtype = parse_dtype(dtype)
     device = str(device)
+    quantize = resolve_quantize(quantize, device)
     if context_window is not None and (not isinstance(context_window, int) or context_window < 1):
         raise ValueError(f"context_window must be a positive int or None, got {context_window!r}")
     # With an adapter, merge in float32 first, then cast (a bf16 merge would round twice).
@@ -96,7 +100,7 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
         check_tokenizer_match(path, verifier_tokenizer, verifier_vocab_size)
     drafter.to(device=device, dtype=dtype)
     drafter.model.reset_rotary()
-    return drafter.eval()
+    return quantize_drafter(drafter.eval(), quantize)
 
 
 def set_verifier_vocab(drafter: Drafter, verifier_vocab_size: int) -> None:

@@ -19,12 +19,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .checkpoint import read_weights
-from .vocab import copy_tokenizer_files
+from .vocab import D2T_FILE, copy_tokenizer_files
 
 WEIGHTS_FILE = "weights.safetensors"
 MANIFEST_FILE = "derived.json"
 TAIL_SUFFIX = ":tail"  # rows a drafter tensor has beyond the verifier's copy (e.g. the mask)
 STORE_DTYPE = torch.float16
+# Where a drafter tensor may come from when the verifier has no tensor of the same name: a
+# verifier with tied embeddings stores no LM head, its embedding is the head.
+ALIASES = {"lm_head.weight": "model.embed_tokens.weight"}
 
 
 def tensor_sha256(tensor: torch.Tensor) -> str:
@@ -42,15 +45,17 @@ def slim_checkpoint(drafter_dir: str | Path, verifier_dir: str | Path,
     """Write `out_dir` (config.json, weights.safetensors, derived.json); returns byte counts."""
     drafter_dir, out_dir = Path(drafter_dir), Path(out_dir)
     drafter = read_weights(drafter_dir)
-    verifier = read_weights(verifier_dir, lambda name: name in drafter)
+    wanted = set(drafter) | {ALIASES[n] for n in drafter if n in ALIASES}
+    verifier = read_weights(verifier_dir, lambda name: name in wanted)
     stored: dict[str, torch.Tensor] = {}
     derived: dict[str, dict] = {}
     for name, tensor in drafter.items():
-        source = verifier.get(name)
+        origin = name if name in verifier else ALIASES.get(name, name)
+        source = verifier.get(origin)
         rows = source.shape[0] if source is not None else 0
         if source is not None and tensor.shape[1:] == source.shape[1:] \
                 and tensor.shape[0] >= rows and torch.equal(tensor[:rows], source.to(tensor.dtype)):
-            derived[name] = {"from": name, "rows": rows, "sha256": tensor_sha256(source)}
+            derived[name] = {"from": origin, "rows": rows, "sha256": tensor_sha256(source)}
             if tensor.shape[0] > rows:
                 stored[name + TAIL_SUFFIX] = _store(tensor[rows:])
         else:
@@ -92,5 +97,7 @@ def expand_checkpoint(slim_dir: str | Path, verifier_dir: str | Path,
     save_file({k: v.contiguous() for k, v in full.items()}, str(out_dir / "model.safetensors"),
               metadata={"format": "pt"})
     shutil.copyfile(slim_dir / "config.json", out_dir / "config.json")
+    if (slim_dir / D2T_FILE).is_file():  # a reduced head, applied by load_drafter
+        shutil.copyfile(slim_dir / D2T_FILE, out_dir / D2T_FILE)
     copy_tokenizer_files(verifier_dir, out_dir)
     return out_dir

@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_specdiff.drafter.quantize import QUANTIZE_MODES
+
 SECTION = "specdiff"
 CANDIDATE_SOURCES = ("argmax", "sample", "ngram")
 SELECTIONS = ("tau",)
@@ -27,9 +29,11 @@ class SpecDiffConfig:
 
     drafter: drafter directory; None uses the default drafter (`vllm-specdiff models`).
     lora: PEFT adapter directory merged into the drafter at load time.
-    temperature: drafter sampling temperature T_d (0: argmax drafts). With one draft per step
-      (K = 1) sampling only lowers acceptance, so the default is argmax; T_d matters once
-      self-selection over K > 1 drafts is used (the paper uses 1.5).
+    drafter_temperature: drafter sampling temperature T_d (0: argmax drafts), one name for the
+      option, `specdiff_engine_args`' keyword, the CLI's --drafter-temperature and
+      ReferenceDecoder's argument. With one draft per step (K = 1) sampling only lowers
+      acceptance, so the default is argmax; T_d matters once self-selection over K > 1 drafts
+      is used (the paper uses 1.5).
     top_k: keep only the top-k drafter logits per position before sampling (None: all).
     steps: denoising steps per draft (the paper uses 1).
     context_window: trailing context tokens the drafter sees (None: the whole context). The
@@ -45,17 +49,20 @@ class SpecDiffConfig:
     K: candidate drafts per request and step (self-selection). K > 1 verifies all of them in
       one tree-masked verifier forward and needs the worker `TREE_WORKER`.
     candidates: where the K candidates come from: candidate 0 is always the argmax draft
-      ("argmax"); the others are sampled from the drafter's marginals at T_d ("sample"); with
+      ("argmax"); the others are sampled from the drafter's marginals at drafter_temperature
+      ("sample"); with
       "ngram", a prompt-lookup match (vLLM's ngram matching) replaces candidate 1 when found.
     selection: how the committed draft is chosen: "tau" (highest expected accepted length,
       then vLLM's own point-mass verification of that chain).
     max_tree_tokens: verifier tokens per request and step for K > 1 (root included); trailing
       candidates are dropped until the merged trie fits.
+    quantize: "auto" (int8 linears on CPU, none on GPUs), "int8" (CPU only) or "none". The
+      drafter only proposes, so this changes speed and acceptance, never the output.
     """
 
     drafter: str | None = None
     lora: str | None = None
-    temperature: float = 0.0
+    drafter_temperature: float = 0.0
     top_k: int | None = None
     steps: int = 1
     context_window: int | None = None
@@ -67,6 +74,7 @@ class SpecDiffConfig:
     candidates: tuple[str, ...] = ("argmax", "sample")
     selection: str = "tau"
     max_tree_tokens: int = DEFAULT_MAX_TREE_TOKENS
+    quantize: str = "auto"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -110,6 +118,12 @@ def check_num_speculative_tokens(value: Any, name: str = "num_speculative_tokens
         raise ValueError(f"{name} must be an integer in [1, {limit}] (vLLM's rejection sampler "
                          f"verifies at most MAX_SPEC_LEN = {limit} draft tokens per step), "
                          f"got {value!r}")
+    return value
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:  # noqa: ANN401
+    if value not in choices:
+        raise ValueError(f"{_opt(name)} must be one of {list(choices)}, got {value!r}")
     return value
 
 
@@ -191,10 +205,7 @@ def _tree_options(get: Any, defaults: SpecDiffConfig, gamma: int | None  # noqa:
     if k > 1 and "sample" not in candidates:
         raise ValueError(f"{_opt('K')}={k} needs 'sample' in {_opt('candidates')}: "
                          "only one argmax draft exists")
-    selection = get("selection", defaults.selection)
-    if selection not in SELECTIONS:
-        raise ValueError(f"{_opt('selection')} must be one of {list(SELECTIONS)}, "
-                         f"got {selection!r}")
+    selection = _choice("selection", get("selection", defaults.selection), SELECTIONS)
     max_tree = _int("max_tree_tokens", get("max_tree_tokens", defaults.max_tree_tokens), 2)
     assert max_tree is not None
     if k > 1 and max_tree > max_spec_len() + 1:
@@ -242,7 +253,9 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
     return SpecDiffConfig(
         drafter=drafter,
         lora=lora,
-        temperature=_number("temperature", get("temperature", defaults.temperature), 0.0),
+        drafter_temperature=_number("drafter_temperature",
+                                    get("drafter_temperature", defaults.drafter_temperature),
+                                    0.0),
         top_k=top_k,
         steps=steps,
         context_window=_int("context_window", get("context_window", defaults.context_window), 1,
@@ -254,4 +267,5 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
                          allow_none=True),
         log_interval=_number("log_interval", get("log_interval", defaults.log_interval), 0.0),
         **_tree_options(get, defaults, gamma),
+        quantize=_choice("quantize", get("quantize", defaults.quantize), QUANTIZE_MODES),
     )

@@ -29,10 +29,11 @@ def specdiff_engine_args(num_speculative_tokens: int = DEFAULT_GAMMA,
                          **options: Any) -> dict[str, Any]:  # noqa: ANN401
     """`speculative_config` and `additional_config` for `LLM(...)` / `EngineArgs`.
 
-    options are the drafter settings of `SpecDiffConfig` (drafter, lora, temperature, top_k,
-    steps, context_window, seed, cache_size, log_interval, K, candidates, selection,
-    max_tree_tokens); they are validated here, so a bad option fails before the engine starts.
-    K > 1 also selects the tree-verifying worker (`worker_cls`) and turns async scheduling off.
+    options are the drafter settings of `SpecDiffConfig` (the names in `config.OPTIONS`:
+    drafter, lora, drafter_temperature, top_k, steps, context_window, cache_size,
+    cache_bytes, K, max_tree_tokens, ...); they are validated here, so a bad option fails before
+    the engine starts. K > 1 also selects the tree-verifying worker (`worker_cls`) and turns
+    async scheduling off.
     """
     check_num_speculative_tokens(num_speculative_tokens)
     section = {k: v for k, v in options.items() if v is not None}

@@ -124,13 +124,13 @@ class SpecDiffProposer:
             context_window=self.config.context_window,
             verifier_vocab_size=self.verifier_vocab_size, cache_size=self.cache_size,
             verifier_tokenizer=verifier_tokenizer(self.model_config),
-            cache_bytes=self.config.cache_bytes)
+            cache_bytes=self.config.cache_bytes, quantize=self.config.quantize)
         self._check_positions()
         self.drafter_path = path
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(self.config.seed)
         _logger().info("SpecDiff drafter %s loaded (gamma=%d, T_d=%s, steps=%d, cache=%d)",
-                       path, self.gamma, self.config.temperature, self.config.steps,
+                       path, self.gamma, self.config.drafter_temperature, self.config.steps,
                        self.cache_size)
 
     def _check_positions(self) -> None:
@@ -218,8 +218,12 @@ class SpecDiffProposer:
             if self.config.K > 1:
                 self._tree_drafts(logits, group, contexts, allowed, out, tries)
                 continue
-            marginals = draft_marginals(logits, self.config.temperature, self.config.top_k)
-            tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
+            if self.config.drafter_temperature == 0:  # argmax drafts: skip one-hot marginals over V
+                tokens = logits.argmax(-1).tolist()
+            else:
+                marginals = draft_marginals(logits, self.config.drafter_temperature,
+                                            self.config.top_k)
+                tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
             for j, draft in zip(group, tokens, strict=True):
                 out[j] = draft
         return out, tries
@@ -231,7 +235,8 @@ class SpecDiffProposer:
         room for the trie); other rows get the argmax draft, verified by vLLM as a chain."""
         full = logits.shape[1] == self.gamma
         candidates = candidate_drafts(logits, self.config.K if full else 1,
-                                      self.config.temperature, self.config.top_k, self.generator)
+                                      self.config.drafter_temperature, self.config.top_k,
+                                      self.generator)
         for r, j in enumerate(group):
             context = contexts[j]
             budget = min(self.config.max_tree_tokens,
@@ -300,6 +305,7 @@ class SpecDiffProposer:
                            "mean_tau_all": self.tau_all / steps if steps else 0.0}
         if self.drafter is not None:
             out["drafter_cache"] = self.drafter.cache_stats()
+            out["quantization"] = self.drafter.quantization
         return out
 
     def reset_stats(self) -> None:

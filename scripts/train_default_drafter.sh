@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The recipe of the shipped default drafter (SmolLM2-135M-Instruct), stage by stage. Every
+# stage is resumable: rerun the script and it continues where it stopped (shards that exist
+# are skipped, training resumes from its latest checkpoint). Runs at low priority.
+#
+#   bash scripts/train_default_drafter.sh            # all stages: corpus, generate, train
+#   bash scripts/train_default_drafter.sh STAGE      # one stage: corpus|generate|train|export
+# `export` ships the latest checkpoint into the package (vllm_specdiff/assets/default_drafter).
+# `generate` and `train` may run side by side: a (re)started training run reads every shard
+# that exists by then.
+#
+# Work lands in $SPECDIFF_CACHE_DIR (default ~/.cache/vllm-specdiff): corpus/, data/, runs/.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
+CACHE="${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}"
+NICE="nice -n ${SPECDIFF_NICE:-19}"
+RUN="$CACHE/runs/default-drafter"
+STEPS="${SPECDIFF_TRAIN_STEPS:-40000}"
+V="$("$BIN/vllm-specdiff" models | sed -n 's/^verifier: //p')"
+# vLLM's CPU speed settings (tcmalloc + Intel OpenMP preloaded, one thread per core)
+SPEED_ENV="$("$BIN/python" -c 'import shlex
+from vllm_specdiff.plugin.cpu_env import recommended_env
+print(" ".join(f"{k}={shlex.quote(v)}" for k, v in recommended_env().items()))')"
+
+STAGE="${1:-all}"
+case "$STAGE" in all|corpus|generate|train|export) ;; *)
+  echo "usage: $0 [all|corpus|generate|train|export]" >&2; exit 2 ;; esac
+want() { [ "$STAGE" = all ] || [ "$STAGE" = "$1" ]; }
+
+if [ "$STAGE" = export ]; then
+  "$BIN/specdiff-distill" export --run "$RUN" --verifier "$V" \
+    --output "$ROOT/vllm_specdiff/assets/default_drafter" --draft-vocab-size 8192
+fi
+
+if want corpus && [ ! -f "$CACHE/corpus/prompts.jsonl" ]; then
+  $NICE "$BIN/specdiff-distill" corpus \
+    --output "$CACHE/corpus/prompts.jsonl" --heldout-output "$CACHE/corpus/chat_heldout.jsonl" \
+    --num-code 3000 --num-chat 3000 --num-heldout 60 --seed 0
+fi
+
+# Greedy verifier continuations with the top-8 log-probs (soft targets), vLLM batch inference.
+want generate && env $SPEED_ENV VLLM_ENABLE_V1_MULTIPROCESSING=0 $NICE "$BIN/specdiff-distill" generate \
+  --verifier "$V" --prompts "$CACHE/corpus/prompts.jsonl" --output "$CACHE/data/greedy" \
+  --num-samples 1 --temperature 0 --max-new-tokens 128 --top-logprobs 8 --chunk-size 64 \
+  --backend vllm ${SPECDIFF_GENERATE_ARGS:-}
+
+# 4 layers from the verifier; the embedding, layer 0 and the LM head (the verifier's tied
+# embedding, as EAGLE reuses the verifier's head) stay frozen and are rebuilt from the verifier
+# when shipped; layers 1-3 and the final norm are trained. The reduced head (rows of the frozen
+# one) is chosen at export from the data, so it needs no retraining.
+# SPECDIFF_TRAIN_THREADS=1 helps on a machine busy with other jobs (no OpenMP barrier stalls).
+want train && env ${SPECDIFF_TRAIN_THREADS:+OMP_NUM_THREADS=$SPECDIFF_TRAIN_THREADS} \
+  $NICE "$BIN/specdiff-distill" train --data "$CACHE/data/greedy" --output "$RUN" \
+  --init-from "$V" --num-layers 4 --finetune full \
+  --freeze-params 'embed_tokens,layers\.0\.,lm_head' --loss mdm --gamma 8 --windows-per-seq 16 \
+  --batch-size 4 --steps "$STEPS" --lr 3e-4 --warmup-steps 50 --schedule constant \
+  --max-length 640 --heldout-fraction 0.05 --save-every 50 --eval-every 50 --eval-windows 256
+exit 0

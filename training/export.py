@@ -1,0 +1,125 @@
+"""`export`: a training run (or one of its checkpoints) -> a slim drafter directory + its curve.
+
+This is how the default drafter is shipped: the latest checkpoint of a full fine-tuning run is
+rebuilt, written as a slim checkpoint (only the tensors the verifier cannot rebuild, see
+vllm_specdiff/drafter/slim.py), and the run's learning curve (held-out expected accepted length
+against tokens seen and CPU hours) is written beside it as JSON and PNG.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from vllm_specdiff.drafter.slim import slim_checkpoint
+from vllm_specdiff.drafter.vocab import D2T_FILE, save_d2t
+
+from .data import load_sequences, split_heldout
+from .model import drafter_from_checkpoint, save_full
+from .trainer import LOG_FILE, build_data_vocab, latest_checkpoint
+
+CURVE_FILE = "learning_curve.json"
+
+
+@dataclass
+class ExportConfig:
+    run: str  # a `train` output directory (its latest checkpoint is used) or a checkpoint
+    verifier: str
+    output: str
+    draft_vocab_size: int | None = None  # ship a reduced head: the run's N most frequent ids
+
+
+def resolve_checkpoint(run: Path) -> tuple[Path, Path]:
+    """(checkpoint, run directory) for a run directory or a checkpoint directory."""
+    if (run / "state.json").is_file():
+        return run, run.parent.parent
+    checkpoint = latest_checkpoint(run)
+    if checkpoint is None:
+        raise FileNotFoundError(f"--run {run}: no checkpoint (state.json) in it or in "
+                                f"{run}/checkpoints")
+    return checkpoint, run
+
+
+def learning_curve(run_dir: Path, up_to_step: int) -> list[dict]:
+    """Cumulative tokens, wall and CPU hours at every step with a held-out measurement."""
+    path = run_dir / LOG_FILE
+    if not path.is_file():
+        return []
+    tokens = wall = cpu = 0.0
+    curve = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        rec = json.loads(line)
+        if rec["step"] > up_to_step:
+            break
+        tokens += rec.get("tokens", 0)
+        wall += rec.get("seconds", 0.0)
+        cpu += rec.get("cpu_seconds", 0.0)
+        if rec.get("heldout_expected_streak") is not None:
+            curve.append({"step": rec["step"], "tokens_seen": int(tokens),
+                          "wall_hours": round(wall / 3600, 4), "cpu_hours": round(cpu / 3600, 4),
+                          "heldout_expected_streak": rec["heldout_expected_streak"],
+                          "train_loss": rec["loss"]})
+    return curve
+
+
+def plot_learning_curve(curve: list[dict], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    y = [c["heldout_expected_streak"] for c in curve]
+    for ax, key, label in ((axes[0], "cpu_hours", "CPU hours"),
+                           (axes[1], "tokens_seen", "tokens seen")):
+        ax.plot([c[key] for c in curve], y, marker="o", markersize=3)
+        ax.set_xlabel(label)
+        ax.set_ylabel("held-out expected accepted length")
+        ax.grid(alpha=0.3)
+    fig.suptitle("default drafter: learning curve")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _write_data_vocab(train_config: dict, size: int, verifier: str, out: Path) -> int:
+    """d2t.safetensors from the run's training split (never its held-out prompts): the rows of
+    the head load_drafter keeps. Rebuilt on every export, as the data may have grown."""
+    if train_config.get("draft_vocab") or train_config.get("draft_vocab_size"):
+        raise ValueError("--draft-vocab-size: this run already trained a reduced head")
+    data = load_sequences(Path(train_config["data"]))
+    train_split, _ = split_heldout(data, train_config["heldout_fraction"])
+    save_d2t(out / D2T_FILE, build_data_vocab(train_split, size, verifier))
+    return size
+
+
+def run_export(cfg: ExportConfig) -> dict:
+    checkpoint, run_dir = resolve_checkpoint(Path(cfg.run))
+    state = json.loads((checkpoint / "state.json").read_text())
+    if state["config"]["finetune"] != "full":
+        raise ValueError("export writes slim full drafters: train with --finetune full (a LoRA "
+                         "run is already small: ship its adapter directory instead)")
+    out = Path(cfg.output)
+    drafter = drafter_from_checkpoint(checkpoint)
+    with tempfile.TemporaryDirectory() as tmp:
+        save_full(drafter, Path(tmp))
+        sizes = slim_checkpoint(tmp, cfg.verifier, out)
+    vocab = None
+    if cfg.draft_vocab_size is not None:
+        vocab = _write_data_vocab(state["config"], cfg.draft_vocab_size, cfg.verifier, out)
+    else:
+        (out / D2T_FILE).unlink(missing_ok=True)
+    curve = learning_curve(run_dir, state["step"])
+    (out / CURVE_FILE).write_text(json.dumps(
+        {"run": str(run_dir), "checkpoint": checkpoint.name, "train_config": state["config"],
+         "curve": curve}, indent=2) + "\n")
+    summary = {"output": str(out), "checkpoint": str(checkpoint), "step": state["step"],
+               "draft_vocab_size": vocab, **sizes}
+    if curve:
+        summary["plot"] = str(plot_learning_curve(curve, out / "learning_curve.png"))
+    return summary
