@@ -19,3 +19,5 @@ bench() { "$BIN/vllm-specdiff" bench --limit "$LIMIT" --max-tokens 96 --gamma 8 
 bench --prompts humaneval --output "$OUT/humaneval-t0.json"
 bench --prompts "$ROOT/benchmarks/prompts/chat_heldout.jsonl" --output "$OUT/chat-t0.json"
 bench --prompts humaneval --temperature 1 --output "$OUT/humaneval-t1.json"
+# self-selection: K = 4 candidates (argmax + 3 sampled at T_d = 1) verified as one trie
+bench --prompts humaneval -K 4 --drafter-temperature 1 --output "$OUT/humaneval-t0-k4.json"

@@ -17,9 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-HEADER = ("| run | prompts | T | gamma | plain tok/s | SpecDiff tok/s | speedup | accepted/step "
-          "| drafter ms (share of verifier step) | identical | date, machine |\n"
-          "|---|---|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| run | prompts | T | gamma | K (T_d) | plain tok/s | SpecDiff tok/s | speedup "
+          "| accepted/step | drafter ms (share of verifier step) | identical | date, machine |\n"
+          "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def _fmt(value: float | None, digits: int) -> str:
@@ -34,7 +34,11 @@ def row(path: Path) -> str:
     identical = ("yes" if s["identical_outputs"] else "NO") if s["temperature"] == 0 else "n/a"
     where = f"{prov.get('date', '?')}, {prov.get('machine', {}).get('cpu', '?')}"
     name = path.relative_to(ROOT).as_posix()
+    options = s.get("specdiff_options", {})
+    k = options.get("K") or 1
+    candidates = f"{k} ({options.get('drafter_temperature', 0):g})" if k > 1 else "1"
     return (f"| [{path.stem}]({name}) | {s['prompts']} | {s['temperature']:g} | {s['gamma']} "
+            f"| {candidates} "
             f"| {_fmt(s['plain_tokens_per_s'], 2)} | {_fmt(s['spec_tokens_per_s'], 2)} "
             f"| **{_fmt(s['speed_ratio'], 2)}x** | {_fmt(s.get('mean_accepted_length'), 2)} "
             f"| {drafter} | {identical} | {where} |")

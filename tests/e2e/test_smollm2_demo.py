@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 
 def _cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllm_specdiff.cli", *args],
+    return subprocess.run([sys.executable, "-P", "-m", "vllm_specdiff.cli", *args],
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.vllm
 
 def _generate(tmp_path, verifier, drafter, extra: list[str], name: str):
     out = tmp_path / f"{name}.jsonl"
-    cmd = [sys.executable, "-m", "vllm_specdiff.cli", "generate",
+    cmd = [sys.executable, "-P", "-m", "vllm_specdiff.cli", "generate",
            "--input", str(tmp_path / "prompts.jsonl"), "--output", str(out),
            "--model", str(verifier), "--max-model-len", "256", "--max-num-seqs", "2",
            "--max-tokens", "10", "--chunk-size", "3", "--gamma", "3", "--drafter", str(drafter),
@@ -42,7 +42,7 @@ def test_generate_jsonl_matches_plain_decoding(tmp_path, tiny_verifier, tiny_dra
 def test_generate_rejects_bad_input(tmp_path, tiny_verifier, tiny_drafter):
     def run(record: str, drafter) -> subprocess.CompletedProcess:
         (tmp_path / "prompts.jsonl").write_text(record + "\n")
-        cmd = [sys.executable, "-m", "vllm_specdiff.cli", "--no-speed-env", "generate",
+        cmd = [sys.executable, "-P", "-m", "vllm_specdiff.cli", "--no-speed-env", "generate",
                "--input", str(tmp_path / "prompts.jsonl"), "--output", str(tmp_path / "o.jsonl"),
                "--model", str(tiny_verifier), "--drafter", str(drafter)]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -119,7 +119,7 @@ def test_bad_record_fails_fast_and_writes_nothing(tmp_path, tiny_verifier, tiny_
     (tmp_path / "prompts.jsonl").write_text('{"prompt": "w1"}\n{"prompt": "w2", '
                                             '"max_tokens": 0}\n')
     (tmp_path / "o.jsonl").write_text("previous run\n")
-    cmd = [sys.executable, "-m", "vllm_specdiff.cli", "--no-speed-env", "generate",
+    cmd = [sys.executable, "-P", "-m", "vllm_specdiff.cli", "--no-speed-env", "generate",
            "--input", str(tmp_path / "prompts.jsonl"), "--output", str(tmp_path / "o.jsonl"),
            "--model", str(tiny_verifier), "--drafter", str(tiny_drafter)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)

@@ -36,7 +36,7 @@ def server(tiny_verifier, tiny_drafter, tmp_path_factory):
     extra = {"specdiff": {"log_interval": 0.5}}
     # the shorthand spelling; tests/vllm/test_options.py checks it expands to
     # --speculative-config plus the drafter merged into --additional-config
-    cmd = [sys.executable, "-m", "vllm_specdiff.cli", "serve", str(tiny_verifier),
+    cmd = [sys.executable, "-P", "-m", "vllm_specdiff.cli", "serve", str(tiny_verifier),
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
            "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32",
            "--speculative-model", str(tiny_drafter), "--num-speculative-tokens", str(GAMMA),

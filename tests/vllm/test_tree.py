@@ -192,7 +192,7 @@ def test_generate_cli_with_four_candidates_matches_plain(tmp_path, tiny_verifier
 
     def run(extra: list[str], name: str) -> list[list[int]]:
         out = tmp_path / f"{name}.jsonl"
-        cmd = [sys.executable, "-m", "vllm_specdiff.cli", "generate",
+        cmd = [sys.executable, "-P", "-m", "vllm_specdiff.cli", "generate",
                "--input", str(tmp_path / "prompts.jsonl"), "--output", str(out),
                "--model", str(tiny_verifier), "--max-model-len", "256", "--max-num-seqs", "2",
                "--max-tokens", "24", "--gamma", "4", "--drafter", str(tiny_drafter), *extra]

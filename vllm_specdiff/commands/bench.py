@@ -27,7 +27,7 @@ def run_comparison(args: argparse.Namespace, prompt_source: str,
 
     from vllm import SamplingParams
 
-    from vllm_specdiff.commands.common import build_llm, resolve_model
+    from vllm_specdiff.commands.common import build_llm, resolve_model, spec_options
     from vllm_specdiff.harness import compare
     from vllm_specdiff.prompts import load_prompts, render_chat
 
@@ -44,9 +44,10 @@ def run_comparison(args: argparse.Namespace, prompt_source: str,
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
                             seed=args.seed if args.temperature > 0 else None)
     result = compare(plain, spec, prompts, params)
+    options = {k: v for k, v in spec_options(args).items() if v is not None}
     summary = {"model": model, "gamma": args.gamma, "max_tokens": args.max_tokens,
-               "temperature": args.temperature, "engine_startup_s": round(startup, 1),
-               **result.to_dict()}
+               "temperature": args.temperature, "specdiff_options": options,
+               "engine_startup_s": round(startup, 1), **result.to_dict()}
     proposer = result.spec_stats.get("proposer", {})
     summary["drafter"] = proposer.get("drafter")
     return summary

@@ -108,7 +108,7 @@ def apply_in_place(environ: MutableMapping[str, str] | None = None) -> dict[str,
 
 
 def reexec_with_speed_env(argv: list[str]) -> None:
-    """Re-run `python -m vllm_specdiff.cli argv` with the recommended settings, once.
+    """Re-run `python -P -m vllm_specdiff.cli argv` with the recommended settings, once.
 
     Returns without doing anything when they are already in place (or were applied before).
     """
@@ -124,7 +124,9 @@ def reexec_with_speed_env(argv: list[str]) -> None:
     env.update(changes)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "vllm_specdiff.cli", *argv], env)
+    # -P: `-m` would otherwise put the working directory first on sys.path, and run from this
+    # repository that shadows installed packages with its folders (e.g. triton_kernels/).
+    os.execve(sys.executable, [sys.executable, "-P", "-m", "vllm_specdiff.cli", *argv], env)
 
 
 def describe(environ: Mapping[str, str] | None = None) -> str:
