@@ -11,7 +11,7 @@ nodes to bind threads of 2 local CPUWorkers"); binding one core per rank by hand
 from __future__ import annotations
 
 import os
-from pathlib import Path
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -102,10 +102,11 @@ def test_tp2_ranks_draft_alike_and_greedy_equals_plain_tp2(tiny_verifier, tiny_d
     if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") == "auto":
         monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # functions to collective_rpc
-    # the rank processes unpickle this module's functions: they need the repo root on their path
-    root = str(Path(__file__).resolve().parents[2])
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, os.environ.get(
-        "PYTHONPATH")])))
+    # the rank processes cannot import this test module (pytest's importlib mode, python -P):
+    # send its functions to them by value
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
     kwargs = dict(model=str(tiny_verifier), max_model_len=256, max_num_seqs=4, seed=0,
                   kv_cache_memory_bytes=2_000_000, dtype="float32", enforce_eager=True,
                   tensor_parallel_size=2)
