@@ -71,10 +71,12 @@ def _shipped_name(slim: Path) -> str:
     import hashlib
 
     from vllm_specdiff.drafter.slim import MANIFEST_FILE, WEIGHTS_FILE
+    from vllm_specdiff.drafter.vocab import D2T_FILE
 
     digest = hashlib.sha256()
-    for name in (WEIGHTS_FILE, MANIFEST_FILE, "config.json"):
-        digest.update((slim / name).read_bytes())
+    for name in (WEIGHTS_FILE, MANIFEST_FILE, "config.json", D2T_FILE):
+        if (slim / name).is_file():
+            digest.update(name.encode() + (slim / name).read_bytes())
     return f"{VERIFIER_NAME}-specdiff-{digest.hexdigest()[:12]}"
 
 
