@@ -90,8 +90,6 @@ def plot_learning_curve(curve: list[dict], path: Path) -> Path:
 def _write_data_vocab(train_config: dict, size: int, verifier: str, out: Path) -> int:
     """d2t.safetensors from the run's training split (never its held-out prompts): the rows of
     the head load_drafter keeps. Rebuilt on every export, as the data may have grown."""
-    if train_config.get("draft_vocab") or train_config.get("draft_vocab_size"):
-        raise ValueError("--draft-vocab-size: this run already trained a reduced head")
     data = load_sequences(Path(train_config["data"]))
     train_split, _ = split_heldout(data, train_config["heldout_fraction"])
     save_d2t(out / D2T_FILE, build_data_vocab(train_split, size, verifier))
@@ -104,6 +102,9 @@ def run_export(cfg: ExportConfig) -> dict:
     if state["config"]["finetune"] != "full":
         raise ValueError("export writes slim full drafters: train with --finetune full (a LoRA "
                          "run is already small: ship its adapter directory instead)")
+    trained_vocab = state["config"].get("draft_vocab") or state["config"].get("draft_vocab_size")
+    if cfg.draft_vocab_size is not None and trained_vocab:  # before anything is written
+        raise ValueError("--draft-vocab-size: this run already trained a reduced head")
     out = Path(cfg.output)
     drafter = drafter_from_checkpoint(checkpoint)
     with tempfile.TemporaryDirectory() as tmp:

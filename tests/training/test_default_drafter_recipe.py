@@ -178,6 +178,7 @@ def test_export_ships_a_reduced_head_chosen_from_the_data(full_run, verifier_dir
     with pytest.raises(ValueError, match="already trained a reduced head"):
         run_export(ExportConfig(run=str(out), verifier=str(verifier_dir),
                                 output=str(tmp_path / "x"), draft_vocab_size=8))
+    assert not (tmp_path / "x").exists()  # refused before the output is written
     run = tmp_path / "fullhead"
     run_train(TrainConfig(**{**cfg.__dict__, "output": str(run), "draft_vocab_size": None,
                              "freeze_params": ["embed_tokens", "lm_head"], "steps": 2}))
