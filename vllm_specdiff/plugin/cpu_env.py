@@ -107,8 +107,9 @@ def apply_in_place(environ: MutableMapping[str, str] | None = None) -> dict[str,
     return env
 
 
-def reexec_with_speed_env(argv: list[str]) -> None:
-    """Re-run `python -P -m vllm_specdiff.cli argv` with the recommended settings, once.
+def reexec_with_speed_env(argv: list[str], module: str = "vllm_specdiff.cli") -> None:
+    """Re-run `python -P -m MODULE argv` with the recommended settings, once (the CLI, or a
+    benchmark script run as `python benchmarks/X.py`).
 
     Returns without doing anything when they are already in place (or were applied before).
     """
@@ -126,7 +127,7 @@ def reexec_with_speed_env(argv: list[str]) -> None:
     sys.stderr.flush()
     # -P: `-m` would otherwise put the working directory first on sys.path, and run from this
     # repository that shadows installed packages with its folders (e.g. triton_kernels/).
-    os.execve(sys.executable, [sys.executable, "-P", "-m", "vllm_specdiff.cli", *argv], env)
+    os.execve(sys.executable, [sys.executable, "-P", "-m", module, *argv], env)
 
 
 def describe(environ: Mapping[str, str] | None = None) -> str:
