@@ -192,6 +192,28 @@ def prepare_drafter(force: bool = False) -> Path:
     return target
 
 
+def base_drafter_dir() -> Path:
+    return cache_dir() / "drafters" / DRAFTER_NAME
+
+
+def prepare_base_drafter(force: bool = False) -> Path:
+    """Return the untrained block-causal drafter of the default verifier (its first
+    DEFAULT_DRAFTER_LAYERS layers, no training: the paper's "SpecDiff" row), built once."""
+    target = base_drafter_dir()
+    if _is_complete(target) and not force:
+        return target
+    verifier = prepare_verifier()
+    with _build_lock(target):
+        if _is_complete(target) and not force:
+            return target
+        from vllm_specdiff.drafter import BlockCausalDrafter
+
+        with _atomic_dir(target) as tmp:
+            BlockCausalDrafter.from_causal_lm(str(verifier), DEFAULT_DRAFTER_LAYERS
+                                              ).save_pretrained(str(tmp))
+    return target
+
+
 def prepare_defaults(force: bool = False) -> dict[str, Path]:
     """Prepare (if needed) and locate both default models."""
     verifier = prepare_verifier(force=force)
