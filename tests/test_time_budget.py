@@ -86,6 +86,17 @@ def test_accuracy_table_counts_per_method_and_budget():
                                        "mean_tokens": 44.0}
 
 
+def test_greedy_mismatch_is_a_departure_from_plain_where_both_ran():
+    def record(qid, **tokens):
+        return {"id": qid, "methods": {m: {"tokens": t} for m, t in tokens.items()}}
+
+    records = [record("a", plain=[1, 2, 3], specdiff2=[1, 2]),        # cut earlier: fine
+               record("b", plain=[1, 2], specdiff2=[1, 2, 3, 4]),     # plain cut earlier
+               record("c", plain=[1, 2, 3], specdiff2=[1, 5, 3]),
+               record("d", specdiff2=[9])]                            # no plain: no reference
+    assert tb.greedy_mismatches(records) == ["c:specdiff2"]
+
+
 def test_options_are_checked():
     assert tb.parse_budgets("4,1,2") == [1.0, 2.0, 4.0]
     for bad in ("", "1,x", "0,1", "1,1"):

@@ -37,6 +37,7 @@ def test_quick_run_writes_report_and_plot(tmp_path, tiny_verifier, tiny_drafter)
     assert list(report["accuracy"]) == methods
     assert all(list(row) == ["0.25", "1"] for row in report["accuracy"].values())
     assert len(report["questions"]) == 2
+    assert report["greedy_mismatches"] == []
     for question in report["questions"]:
         runs = question["methods"]
         plain = runs["plain"]["tokens"]
