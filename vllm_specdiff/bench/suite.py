@@ -1,0 +1,260 @@
+"""Run the suite: every method on the same verifier and prompts, in one process.
+
+A cell is (prompt set, temperature, batch size). In each repeat of a cell every method decodes
+all its prompts, B at a time in one `llm.generate` call, in an order rotated per repeat, so
+noise from other processes hits every method alike. Throughput follows ALGORITHM.md section 5:
+(new tokens - 1) / wall time, per request (its generate call's wall time) and aggregate (all
+tokens over all wall time); every timing figure is the median over repeats, counters are
+summed over them. At temperature 0 each method's outputs must equal plain decoding's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from tqdm import tqdm
+
+from vllm_specdiff.bench.methods import Method
+
+
+@dataclass
+class Run:
+    """One method's pass over a cell's prompts (one repeat)."""
+
+    seconds: float = 0.0
+    new_tokens: list[int] = field(default_factory=list)
+    per_request_tps: list[float] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
+    counters: dict[str, Any] = field(default_factory=dict)
+    drafter_seconds: float = 0.0
+    propose_calls: int = 0
+
+    @property
+    def tokens_per_s(self) -> float:
+        counted = sum(max(n - 1, 0) for n in self.new_tokens)
+        return counted / self.seconds if self.seconds else 0.0
+
+    @property
+    def per_request_tokens_per_s(self) -> float:
+        return statistics.fmean(self.per_request_tps) if self.per_request_tps else 0.0
+
+
+def sampling_params(temperature: float, max_tokens: int, seed: int, count: int) -> list[Any]:
+    """One SamplingParams per prompt; at temperature > 0 prompt i has seed `seed + i` in every
+    method, so the methods sample alike."""
+    from vllm import SamplingParams
+
+    return [SamplingParams(temperature=temperature, max_tokens=max_tokens,
+                           seed=seed + i if temperature > 0 else None) for i in range(count)]
+
+
+COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+PER_POS = "num_accepted_tokens_per_pos"
+
+
+class SpecCounters:
+    """vLLM's spec-decode counts (drafts, draft and accepted tokens, accepted per position) of
+    one engine, summed from the scheduler stats its logger manager receives every step.
+
+    `LLM.get_metrics()` cannot be used with several engines: vLLM's Prometheus collectors are
+    process-global and each new engine unregisters the previous ones, so only the engine built
+    last would be counted.
+    """
+
+    def __init__(self, llm: Any) -> None:  # noqa: ANN401
+        self.totals: dict[str, Any] = {**dict.fromkeys(COUNTS, 0), PER_POS: []}
+        manager = llm.llm_engine.logger_manager
+        if manager is None:
+            raise ValueError("the bench needs vLLM's stats (engine built with "
+                             "disable_log_stats=False)")
+        record = manager.record
+
+        def counted(scheduler_stats: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+            spec = getattr(scheduler_stats, "spec_decoding_stats", None)
+            if spec is not None:
+                self.observe(spec)
+            return record(scheduler_stats, *args, **kwargs)
+
+        manager.record = counted
+
+    def observe(self, spec: Any) -> None:  # noqa: ANN401
+        for key in COUNTS:
+            self.totals[key] += getattr(spec, key)
+        per_pos = list(spec.num_accepted_tokens_per_pos)
+        prev = self.totals[PER_POS] or [0] * len(per_pos)
+        self.totals[PER_POS] = [a + b for a, b in zip(prev, per_pos, strict=True)]
+
+    def snapshot(self) -> dict[str, Any]:
+        return {**self.totals, PER_POS: list(self.totals[PER_POS])}
+
+
+@dataclass
+class Engine:
+    """One method's `vllm.LLM` and its spec-decode counts."""
+
+    llm: Any
+    counters: SpecCounters
+
+    @classmethod
+    def of(cls, llm: Any) -> Engine:  # noqa: ANN401
+        return cls(llm, SpecCounters(llm))
+
+    def snapshot(self) -> tuple[dict[str, Any], float, int]:
+        """The spec-decode counts and the SpecDiff proposer's drafter time and calls."""
+        from vllm_specdiff.plugin.engine import specdiff_stats
+
+        proposer = specdiff_stats(self.llm).get("proposer") or {}
+        return (self.counters.snapshot(), float(proposer.get("drafter_seconds", 0.0)),
+                int(proposer.get("propose_calls", 0)))
+
+
+def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key in (*COUNTS, PER_POS):
+        value, prev = after[key], before.get(key)
+        if isinstance(value, list):
+            prev = prev or [0] * len(value)
+            out[key] = [a - b for a, b in zip(value, prev, strict=True)]
+        else:
+            out[key] = value - (prev or 0)
+    return out
+
+
+def run_method(engine: Engine, prompts: list[list[int]], params: list[Any],
+               batch_size: int) -> Run:
+    """Decode `prompts` B at a time; wall time, tokens, outputs and counter deltas."""
+    from vllm.inputs import TokensPrompt
+
+    counters, drafter_s, calls = engine.snapshot()
+    run = Run()
+    for start in range(0, len(prompts), batch_size):
+        batch = [TokensPrompt(prompt_token_ids=ids) for ids in prompts[start:start + batch_size]]
+        began = time.perf_counter()
+        outs = engine.llm.generate(batch, params[start:start + batch_size], use_tqdm=False)
+        seconds = time.perf_counter() - began
+        run.seconds += seconds
+        for out in outs:
+            tokens = list(out.outputs[0].token_ids)
+            run.outputs.append(tokens)
+            run.new_tokens.append(len(tokens))
+            run.per_request_tps.append(max(len(tokens) - 1, 0) / seconds if seconds else 0.0)
+    after, drafter_after, calls_after = engine.snapshot()
+    run.counters = _delta(after, counters)
+    run.drafter_seconds = drafter_after - drafter_s
+    run.propose_calls = calls_after - calls
+    return run
+
+
+def _median(values: list[float]) -> float | None:
+    return round(statistics.median(values), 4) if values else None
+
+
+def _sum_counters(runs: list[Run]) -> dict[str, Any]:
+    total: dict[str, Any] = {}
+    for run in runs:
+        for key, value in run.counters.items():
+            if isinstance(value, list):
+                prev = total.get(key) or [0] * len(value)
+                total[key] = [a + b for a, b in zip(prev, value, strict=True)]
+            else:
+                total[key] = total.get(key, 0) + value
+    return total
+
+
+def mismatches(outputs: list[list[int]], reference: list[list[int]]) -> list[int]:
+    """Indices of the prompts whose output differs from the reference (plain decoding)."""
+    return [i for i, (a, b) in enumerate(zip(outputs, reference, strict=True)) if a != b]
+
+
+def summarize(method: Method, runs: list[Run], plain_runs: list[Run],
+              temperature: float) -> dict[str, Any]:
+    """The per-cell figures of one method (see the module docstring)."""
+    counters = _sum_counters(runs)
+    drafts = counters.get("num_drafts", 0)
+    per_pos = counters.get("num_accepted_tokens_per_pos")
+    calls = sum(r.propose_calls for r in runs)
+    seconds = sum(r.seconds for r in runs)
+    drafter_ms = 1000.0 * sum(r.drafter_seconds for r in runs) / calls if calls else None
+    step_ms = 1000.0 * seconds / calls if calls else None
+    bad = sorted({i for run, ref in zip(runs, plain_runs, strict=True)
+                  for i in mismatches(run.outputs, ref.outputs)}) if temperature == 0 else []
+    return {
+        "method": method.label,
+        "tokens_per_s": _median([r.tokens_per_s for r in runs]),
+        "per_request_tokens_per_s": _median([r.per_request_tokens_per_s for r in runs]),
+        "speedup": _median([r.tokens_per_s / p.tokens_per_s
+                            for r, p in zip(runs, plain_runs, strict=True) if p.tokens_per_s]),
+        "per_request_speedup": _median(
+            [r.per_request_tokens_per_s / p.per_request_tokens_per_s
+             for r, p in zip(runs, plain_runs, strict=True) if p.per_request_tokens_per_s]),
+        "repeat_tokens_per_s": [round(r.tokens_per_s, 3) for r in runs],
+        "new_tokens": sum(sum(r.new_tokens) for r in runs),
+        "drafts": drafts or None,
+        "accepted_per_step": counters.get("num_accepted_tokens", 0) / drafts if drafts else None,
+        "per_position_acceptance": [round(a / drafts, 4) for a in per_pos]
+        if drafts and per_pos else None,
+        "drafter_ms_per_step": round(drafter_ms, 3) if drafter_ms is not None else None,
+        "step_ms": round(step_ms, 3) if step_ms is not None else None,
+        "drafter_share_of_step": round(drafter_ms / step_ms, 4)
+        if drafter_ms is not None and step_ms else None,
+        "identical_to_plain": (not bad) if temperature == 0 else None,
+        "mismatched_prompts": bad,
+    }
+
+
+def run_cell(engines: dict[str, Engine], methods: list[Method], prompts: list[list[int]],
+             temperature: float, batch_size: int, max_tokens: int, repeats: int, seed: int,
+             bar: tqdm) -> list[dict[str, Any]]:
+    """All methods on one (prompt set, temperature, batch size), interleaved per repeat."""
+    params = sampling_params(temperature, max_tokens, seed, len(prompts))
+    runs: dict[str, list[Run]] = {m.label: [] for m in methods}
+    for r in range(repeats):
+        shift = r % len(methods)
+        for method in methods[shift:] + methods[:shift]:
+            bar.set_postfix_str(method.label)
+            runs[method.label].append(run_method(engines[method.label], prompts, params,
+                                                 batch_size))
+            bar.update(1)
+    plain = runs[methods[0].label]
+    return [summarize(m, runs[m.label], plain, temperature) for m in methods]
+
+
+def run_suite(engines: dict[str, Engine], methods: list[Method],
+              prompt_sets: dict[str, list[list[int]]], temperatures: list[float],
+              batch_sizes: list[int], max_tokens: int, repeats: int, seed: int,
+              progress: bool = True) -> list[dict[str, Any]]:
+    """Every cell of the suite; methods[0] is plain decoding (the reference)."""
+    total = len(prompt_sets) * len(temperatures) * len(batch_sizes) * repeats * len(methods)
+    cells: list[dict[str, Any]] = []
+    with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
+        for name, prompts in prompt_sets.items():
+            for temperature in temperatures:
+                for batch in batch_sizes:
+                    bar.set_description(f"{name} T={temperature:g} B={batch}")
+                    results = run_cell(engines, methods, prompts, temperature, batch,
+                                       max_tokens, repeats, seed, bar)
+                    cells.extend({"prompts": name, "num_prompts": len(prompts),
+                                  "temperature": temperature, "batch_size": batch, **res}
+                                 for res in results)
+    return cells
+
+
+def identity_failures(cells: list[dict[str, Any]]) -> list[str]:
+    """One line per greedy cell whose outputs differ from plain decoding (exit status 1)."""
+    return [f"{c['method']} on {c['prompts']} at batch {c['batch_size']}: prompts "
+            f"{c['mismatched_prompts']} differ from plain decoding"
+            for c in cells if c["temperature"] == 0 and c["identical_to_plain"] is False]
+
+
+def warm_up(engines: dict[str, Engine], prompts: list[list[int]], batch: int) -> None:
+    """One short batch per engine, so the first measured run pays no start-up cost."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    batch_prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompts[:batch]]
+    for engine in engines.values():
+        engine.llm.generate(batch_prompts, params, use_tqdm=False)
