@@ -110,7 +110,8 @@ def test_method_specs_become_engine_arguments():
     assert section["candidates"] == ["argmax", "sample", "ngram"]
     assert engine_args(methods[2], Drafters())["speculative_config"]["num_speculative_tokens"] == 8
     assert parse_value("argmax+sample") == ["argmax", "sample"]
-    assert [parse_value(v) for v in ("false", "none", "3", "0.5")] == [False, None, 3, 0.5]
+    assert [parse_value(v) for v in ("false", "null", "3", "0.5", "none")] == \
+        [False, None, 3, 0.5, "none"]
 
 
 def _run(outputs: list[list[int]], seconds: float = 1.0) -> Run:
@@ -176,8 +177,8 @@ def test_results_table_renders_a_suite_result():
 def test_plots_group_each_sweep_by_the_settings_it_does_not_vary(tmp_path):
     from vllm_specdiff.bench import plots
 
-    specs = {"plain": 1.0, "specdiff2": 1.1, "specdiff2:adaptive=false:gamma=4": 1.2,
-             "specdiff2:adaptive=false:gamma=8": 1.3, "specdiff2:adaptive=false:steps=2": 0.9,
+    specs = {"plain": 1.0, "specdiff2": 1.1, "specdiff2:quantize=none:gamma=4": 1.2,
+             "specdiff2:quantize=none:gamma=8": 1.3, "specdiff2:quantize=none:steps=2": 0.9,
              "specdiff2-k4": 1.4}
     methods = parse_methods(",".join(specs), 8)
     result = {"suite": {"methods": [{"label": m.label, **m.describe()} for m in methods]},
@@ -186,9 +187,9 @@ def test_plots_group_each_sweep_by_the_settings_it_does_not_vary(tmp_path):
                          None if label == "plain" else [0.5, 0.25]}
                         for label, speedup in specs.items()]}
     assert plots._series(result, "gamma", lambda m: plots._family(m, "gamma")) == {
-        "specdiff2 {'adaptive': False}": {4: 1.2, 8: 1.3}}
+        "specdiff2 {'quantize': 'none'}": {4: 1.2, 8: 1.3}}
     assert plots._series(result, "steps", lambda m: plots._family(m, "steps")) == {
-        "specdiff2 {'adaptive': False, 'gamma': 8}": {1: 1.3, 2: 0.9}}
+        "specdiff2 {'quantize': 'none', 'gamma': 8}": {1: 1.3, 2: 0.9}}
     written = plots.write_plots(result, tmp_path)
     assert sorted(Path(p).name for p in written) == [
         "acceptance_per_position.png", "gamma_sweep.png", "speedup_by_method.png",

@@ -2,7 +2,8 @@
 
 One spec per method, comma-separated: `NAME[:KEY=VALUE[:KEY=VALUE...]]`, e.g.
 `plain,ngram,specdiff2,specdiff2:adaptive=false:gamma=4,specdiff2-k4:drafter_temperature=1.5`.
-VALUE is `true`/`false`, `none`, a number, `a+b+c` (a list) or text. `gamma` sets the method's
+VALUE is `true`/`false`, `null`, a number, `a+b+c` (a list) or text (`quantize=none` is the
+text "none"). `gamma` sets the method's
 draft tokens per step (default `--gamma`); `ngram` also takes vLLM's `prompt_lookup_min` /
 `prompt_lookup_max`; the SpecDiff methods take every option of `additional_config["specdiff"]`
 (docs/vllm.md), checked by the proposer's own validation before any engine starts. The spec as
@@ -53,11 +54,11 @@ class Method:
 
 
 def parse_value(text: str) -> Any:  # noqa: ANN401
-    """A spec value: bool, None, int, float, list (`a+b`) or the text itself."""
+    """A spec value: bool, None (`null`), int, float, list (`a+b`) or the text itself."""
     lowered = text.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
-    if lowered in ("none", "null"):
+    if lowered == "null":
         return None
     if "+" in text:
         return [parse_value(part) for part in text.split("+")]
