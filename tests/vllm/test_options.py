@@ -445,7 +445,7 @@ def test_drafter_temperature_has_one_name(tmp_path):
     from vllm_specdiff.commands.common import spec_options
     from vllm_specdiff.plugin.engine import specdiff_engine_args
 
-    args = build_parser().parse_args(["bench", "--drafter-temperature", "0.5",
+    args = build_parser().parse_args(["demo", "--drafter-temperature", "0.5",
                                       "--temperature", "0.9"])
     options = spec_options(args)
     assert options["drafter_temperature"] == 0.5 and "temperature" not in options
