@@ -50,7 +50,10 @@ HELP = {
     "output": "output directory (train) / JSON file (eval; a PNG is written beside it) / "
               "prompt jsonl (corpus) / slim drafter directory (export)",
     "drafter": "drafter directory to train (e.g. the default block-causal drafter)",
-    "init_from": "or: a Llama/Qwen2 causal LM directory to build a block-causal drafter from",
+    "init_from": "or: a Llama/Qwen2 causal LM directory to build a block-causal drafter from "
+                 "(--objective ar: the causal LM truncated to --num-layers)",
+    "objective": "diffusion (the drafter's mask block) or ar (a plain autoregressive LM, the "
+                 "baseline drafter of vLLM's draft_model method; needs --finetune full)",
     "num_layers": "decoder layers kept by --init-from",
     "draft_vocab": "reduced-vocabulary table (d2t.safetensors) for --init-from",
     "draft_vocab_size": "train: build that table for --init-from from the data, the N verifier "

@@ -82,10 +82,12 @@ def parse_candidate(spec: str) -> Candidate:
     if not p.is_dir():
         raise FileNotFoundError(f"--candidate {spec}: {path} is not a directory")
     if (p / "state.json").is_file() and (p / "trainable.safetensors").is_file():
+        _refuse_ar(spec, json.loads((p / "state.json").read_text())["config"])
         return Candidate(name or f"{p.parent.parent.name}/{p.name}", path, checkpoint=True)
     summary = p / "train_summary.json"
     if summary.is_file() and not lora:
         s = json.loads(summary.read_text())
+        _refuse_ar(spec, s)
         if "adapter" in s:
             return Candidate(name or p.name, s["base"], s["adapter"])
         return Candidate(name or p.name, s["model"])
@@ -93,6 +95,15 @@ def parse_candidate(spec: str) -> Candidate:
         raise FileNotFoundError(f"--candidate {spec}: {path} is neither a drafter (config.json), "
                                 f"a `train` output (train_summary.json) nor a checkpoint")
     return Candidate(name or (p.name + (f"+{Path(lora).name}" if lora else "")), path, lora or None)
+
+
+def _refuse_ar(spec: str, run: dict) -> None:
+    """eval scores one-shot (diffusion) drafts; an AR drafter's are sequential."""
+    if run.get("objective") == "ar":
+        raise ValueError(f"--candidate {spec}: an --objective ar run is an autoregressive "
+                         f"drafter, which eval does not score; `train` logs its exact held-out "
+                         f"accepted lengths, and `vllm-specdiff bench` measures it as vLLM's "
+                         f"draft_model")
 
 
 def _verifier_rows(batch_input: torch.Tensor, starts: list[int], drafts: torch.Tensor,

@@ -3,7 +3,9 @@
 This is how the default drafter is shipped: the latest checkpoint of a full fine-tuning run is
 rebuilt, written as a slim checkpoint (only the tensors the verifier cannot rebuild, see
 vllm_specdiff/drafter/slim.py), and the run's learning curve (held-out expected accepted length
-against tokens seen and CPU hours) is written beside it as JSON and PNG.
+against tokens seen and CPU hours) is written beside it as JSON and PNG. A run of
+`train --objective ar` is written instead as a standard transformers causal LM directory (with
+the verifier's tokenizer files), the draft model of vLLM's `draft_model` method.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from vllm_specdiff.drafter.checkpoint import read_config
 from vllm_specdiff.drafter.slim import slim_checkpoint
-from vllm_specdiff.drafter.vocab import D2T_FILE, save_d2t
+from vllm_specdiff.drafter.vocab import D2T_FILE, copy_tokenizer_files, save_d2t
 
 from .data import load_sequences, split_heldout
 from .model import drafter_from_checkpoint, save_full
@@ -62,11 +65,13 @@ def learning_curve(run_dir: Path, up_to_step: int) -> list[dict]:
             curve.append({"step": rec["step"], "tokens_seen": int(tokens),
                           "wall_hours": round(wall / 3600, 4), "cpu_hours": round(cpu / 3600, 4),
                           "heldout_expected_streak": rec["heldout_expected_streak"],
+                          "heldout_greedy_accepted_length":
+                              rec.get("heldout_greedy_accepted_length"),
                           "train_loss": rec["loss"]})
     return curve
 
 
-def plot_learning_curve(curve: list[dict], path: Path) -> Path:
+def plot_learning_curve(curve: list[dict], path: Path, title: str = "default drafter") -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -80,7 +85,7 @@ def plot_learning_curve(curve: list[dict], path: Path) -> Path:
         ax.set_xlabel(label)
         ax.set_ylabel("held-out expected accepted length")
         ax.grid(alpha=0.3)
-    fig.suptitle("default drafter: learning curve")
+    fig.suptitle(f"{title}: learning curve")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -96,9 +101,33 @@ def _write_data_vocab(train_config: dict, size: int, verifier: str, out: Path) -
     return size
 
 
+def _export_causal(cfg: ExportConfig, checkpoint: Path, out: Path) -> dict:
+    """An `--objective ar` run -> a transformers causal LM directory vLLM's draft_model loads."""
+    from .causal import CausalLMDrafter
+
+    if cfg.draft_vocab_size is not None:
+        raise ValueError("--draft-vocab-size: an AR drafter keeps the verifier's full head "
+                         "(vLLM's draft_model needs equal vocabularies)")
+    drafter = drafter_from_checkpoint(checkpoint)
+    assert isinstance(drafter, CausalLMDrafter)
+    verifier_vocab = read_config(cfg.verifier).get("vocab_size")
+    if verifier_vocab != drafter.vocab_size:
+        raise ValueError(f"--verifier {cfg.verifier} has vocab_size {verifier_vocab}, the run's "
+                         f"drafter {drafter.vocab_size}: another model?")
+    drafter.save_pretrained(out)
+    copy_tokenizer_files(cfg.verifier, out)
+    return {"output": str(out), "checkpoint": str(checkpoint), "format": "causal_lm",
+            "num_hidden_layers": drafter.num_layers}
+
+
 def run_export(cfg: ExportConfig) -> dict:
     checkpoint, run_dir = resolve_checkpoint(Path(cfg.run))
     state = json.loads((checkpoint / "state.json").read_text())
+    if state["config"].get("objective") == "ar":
+        out = Path(cfg.output)
+        summary = _export_causal(cfg, checkpoint, out)
+        return {**summary, "step": state["step"],
+                **_write_curve(run_dir, checkpoint, state, out, "AR drafter")}
     if state["config"]["finetune"] != "full":
         raise ValueError("export writes slim full drafters: train with --finetune full (a LoRA "
                          "run is already small: ship its adapter directory instead)")
@@ -115,12 +144,17 @@ def run_export(cfg: ExportConfig) -> dict:
         vocab = _write_data_vocab(state["config"], cfg.draft_vocab_size, cfg.verifier, out)
     else:
         (out / D2T_FILE).unlink(missing_ok=True)
+    summary = {"output": str(out), "checkpoint": str(checkpoint), "step": state["step"],
+               "draft_vocab_size": vocab, **sizes}
+    return {**summary, **_write_curve(run_dir, checkpoint, state, out, "default drafter")}
+
+
+def _write_curve(run_dir: Path, checkpoint: Path, state: dict, out: Path, title: str) -> dict:
+    """learning_curve.json (and .png when the run measured held-out points) beside the export."""
     curve = learning_curve(run_dir, state["step"])
     (out / CURVE_FILE).write_text(json.dumps(
         {"run": str(run_dir), "checkpoint": checkpoint.name, "train_config": state["config"],
          "curve": curve}, indent=2) + "\n")
-    summary = {"output": str(out), "checkpoint": str(checkpoint), "step": state["step"],
-               "draft_vocab_size": vocab, **sizes}
-    if curve:
-        summary["plot"] = str(plot_learning_curve(curve, out / "learning_curve.png"))
-    return summary
+    if not curve:
+        return {}
+    return {"plot": str(plot_learning_curve(curve, out / "learning_curve.png", title))}

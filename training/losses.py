@@ -129,3 +129,11 @@ def expected_streak_of(logits: torch.Tensor, targets: Targets, temperature: floa
     """
     with torch.no_grad():
         return expected_streak(hard_log_accept(logits, targets, temperature))
+
+
+def greedy_accepted_of(logits: torch.Tensor, targets: Targets) -> torch.Tensor:
+    """[N] leading positions where the drafter's argmax is the verifier's token: the accepted
+    length of the greedy draft against greedy verifier data (uncovered targets, -1, never match).
+    """
+    with torch.no_grad():
+        return (logits.argmax(dim=-1) == targets.tokens).long().cumprod(dim=-1).sum(dim=-1)

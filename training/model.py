@@ -8,12 +8,16 @@ import functools
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import save_file
 from torch import nn
 
 from vllm_specdiff.drafter.base import Drafter
+
+if TYPE_CHECKING:
+    from .causal import CausalLMDrafter
 
 DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -22,12 +26,18 @@ DATA_VOCAB_FILE = "d2t.safetensors"  # train --draft-vocab-size: the table built
 
 
 def build_drafter(drafter: str | None, init_from: str | None, num_layers: int,
-                  draft_vocab: str | None = None, lora: str | None = None) -> Drafter:
+                  draft_vocab: str | None = None, lora: str | None = None,
+                  objective: str = "diffusion") -> Drafter | CausalLMDrafter:
     """An existing drafter directory (`--drafter`, optionally with a LoRA merged in), or a new
-    block-causal drafter from the first layers of a causal LM (`--init-from`)."""
+    block-causal drafter from the first layers of a causal LM (`--init-from`). With
+    `objective="ar"`, the same two sources give a plain causal LM (`training.causal`)."""
     if (drafter is None) == (init_from is None):
         raise ValueError("pass exactly one of --drafter (a drafter directory) or --init-from "
                          "(a causal LM directory to build a block-causal drafter from)")
+    if objective == "ar":
+        from .causal import load_causal_drafter
+
+        return load_causal_drafter(drafter or init_from, None if drafter else num_layers)
     if drafter is not None:
         from vllm_specdiff.drafter.loading import load_drafter
 
@@ -151,7 +161,7 @@ def save_full(drafter: Drafter, path: Path) -> Path:
     return Path(path)
 
 
-def drafter_from_checkpoint(path: Path) -> Drafter:
+def drafter_from_checkpoint(path: Path) -> Drafter | CausalLMDrafter:
     """Rebuild the drafter of a `train` checkpoint (base + its trained weights), in eval mode."""
     from safetensors.torch import load_file
 
@@ -162,7 +172,7 @@ def drafter_from_checkpoint(path: Path) -> Drafter:
     if cfg.get("draft_vocab_size") and draft_vocab is None:  # built by the run: out/d2t.safetensors
         draft_vocab = str(path.parent.parent / DATA_VOCAB_FILE)
     drafter = build_drafter(cfg["drafter"], cfg["init_from"], cfg["num_layers"], draft_vocab,
-                            cfg["init_lora"])
+                            cfg["init_lora"], cfg.get("objective", "diffusion"))
     if cfg["finetune"] == "lora":
         add_lora(drafter, cfg["lora_rank"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
     load_trainable_state(drafter, load_file(str(path / "trainable.safetensors")))

@@ -1,4 +1,5 @@
-"""`train`: streak-distillation of a diffusion drafter on verifier sequences.
+"""`train`: streak-distillation of a diffusion drafter on verifier sequences (or, with
+`--objective ar`, next-token training of an autoregressive baseline drafter, training/causal.py).
 
 One optimizer step = `grad_accum` micro-batches of `batch_size` sequences x `windows_per_seq`
 windows. Everything that decides what a step computes (the batch, dropout noise) is either a pure
@@ -30,7 +31,7 @@ from .data import (
     split_heldout,
     tokenizer_fingerprint,
 )
-from .losses import SOFT_LOSSES, Targets, expected_streak_of, get_loss
+from .losses import SOFT_LOSSES, Targets, expected_streak_of, get_loss, greedy_accepted_of
 from .model import (
     DATA_VOCAB_FILE,
     DEFAULT_LORA_TARGETS,
@@ -57,6 +58,7 @@ from .windows import (
 
 log = logging.getLogger(__name__)
 
+OBJECTIVES = ("diffusion", "ar")
 CKPT_DIR = "checkpoints"
 LOG_FILE = "log.jsonl"
 ADAPTER_DIR = "adapter"
@@ -74,6 +76,7 @@ class TrainConfig:
     draft_vocab_size: int | None = None  # or: build that table from the data (N ids)
     init_lora: str | None = None  # an adapter merged into the starting weights
     tokenizer: str | None = None  # tokenizer the data must have been made with
+    objective: str = "diffusion"  # diffusion (the drafter's mask block) | ar (a plain causal LM)
     loss: str = "streak"
     gamma: int = 8
     draft_temperature: float = 1.0
@@ -120,12 +123,30 @@ class TrainConfig:
             raise ValueError("--mixed-precision must be auto, no, bf16 or fp16")
         if self.save_every < 1:
             raise ValueError("--save-every must be >= 1")
+        self._validate_objective()
         if self.draft_vocab_size is not None:
             if self.draft_vocab is not None or self.init_from is None:
                 raise ValueError("--draft-vocab-size builds the reduced head for --init-from; "
                                  "do not combine it with --draft-vocab or --drafter")
             if self.draft_vocab_size < 1:
                 raise ValueError("--draft-vocab-size must be >= 1")
+
+    def _validate_objective(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"--objective must be {' or '.join(OBJECTIVES)}, "
+                             f"got {self.objective!r}")
+        if self.objective != "ar":
+            return
+        if self.finetune != "full":
+            raise ValueError("--objective ar trains with --finetune full (vLLM's draft_model "
+                             "loads merged weights)")
+        unsupported = [flag for flag, value in (("--draft-vocab", self.draft_vocab),
+                                                ("--draft-vocab-size", self.draft_vocab_size),
+                                                ("--init-lora", self.init_lora))
+                       if value is not None]
+        if unsupported:
+            raise ValueError(f"--objective ar does not support {', '.join(unsupported)} "
+                             f"(vLLM's draft_model needs the verifier's full vocabulary)")
 
 
 def resolve_mixed_precision(choice: str) -> str:
@@ -176,11 +197,13 @@ def check_data_tokenizer(meta: dict, cfg: TrainConfig) -> None:
 # Settings a resumed run may change (how long and how often), all others must match.
 _RESUMABLE_CHANGES = frozenset({"output", "steps", "save_every", "eval_every", "eval_windows",
                                 "resume", "mixed_precision", "gradient_checkpointing"})
+# Settings added after runs were saved, with the value those runs had.
+_ADDED_FIELDS = {"objective": "diffusion"}
 
 
 def _check_same_run(checkpoint: Path, cfg: TrainConfig) -> None:
     """Resuming with other data, model or loss settings would silently train something else."""
-    saved = json.loads((checkpoint / "state.json").read_text())["config"]
+    saved = {**_ADDED_FIELDS, **json.loads((checkpoint / "state.json").read_text())["config"]}
     now = asdict(cfg)
     diff = sorted(k for k in now if k not in _RESUMABLE_CHANGES and saved.get(k) != now[k])
     if diff:
@@ -219,7 +242,10 @@ class Trainer:
             draft_vocab = str(ensure_data_vocab(self.out, self.train_data, cfg.draft_vocab_size,
                                                 cfg.tokenizer or cfg.init_from))
         self.drafter = build_drafter(cfg.drafter, cfg.init_from, cfg.num_layers, draft_vocab,
-                                     cfg.init_lora)
+                                     cfg.init_lora, cfg.objective)
+        # ar: the batch also holds the targets' prefixes, and no mask block is run
+        self.lookahead = cfg.gamma - 1 if cfg.objective == "ar" else 0
+        self.block_tokens = 0 if cfg.objective == "ar" else cfg.gamma
         # Windows must fit the drafter's position range (context + gamma).
         self.max_length = min(cfg.max_length or self.drafter.max_positions,
                               self.drafter.max_positions)
@@ -292,7 +318,7 @@ class Trainer:
                               self.accelerator.process_index)
         return sample_batch(self.train_data, self.eligible, cfg.batch_size, cfg.windows_per_seq,
                             cfg.gamma, gen, soft=self.soft, min_context=cfg.min_context,
-                            max_length=self.max_length)
+                            max_length=self.max_length, lookahead=self.lookahead)
 
     def _forward(self, batch: WindowBatch) -> tuple[torch.Tensor, Targets]:
         """Logits [N, G, V_draft] of the batch's valid windows and their targets (drafter ids)."""
@@ -322,7 +348,7 @@ class Trainer:
             streak_sum += float(expected_streak_of(logits.detach(), targets,
                                                    cfg.draft_temperature).sum())
             windows += batch.num_windows
-            tokens += batch.input_ids.numel() + batch.num_windows * cfg.gamma
+            tokens += batch.input_ids.numel() + batch.num_windows * self.block_tokens
         grad_norm = float("nan")
         if cfg.max_grad_norm > 0:
             grad_norm = acc.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
@@ -344,28 +370,34 @@ class Trainer:
 
     # ---- held-out measure (drafter only; `eval` adds the verifier) -----------------------------
     @torch.no_grad()
-    def heldout_streak(self) -> float | None:
-        """Mean sum_j prod q_k(x_k) on held-out verifier windows: the expected accepted length."""
+    def heldout_measures(self) -> dict[str, float | None]:
+        """On held-out verifier windows: the mean sum_j prod q_k(x_k) (the expected accepted
+        length at T_d) and the greedy draft's accepted length (both exact for an AR drafter,
+        whose teacher-forced prefix is the accepted one)."""
         cfg = self.cfg
+        none = {"heldout_expected_streak": None, "heldout_greedy_accepted_length": None}
         if len(self.heldout) == 0:
-            return None
+            return none
         try:
             chosen = eval_windows(self.heldout, cfg.gamma, cfg.windows_per_seq, cfg.eval_windows,
                                   cfg.min_context, self.max_length, cfg.seed)
         except ValueError:
-            return None
+            return none
         was_training = self.drafter.training
         self.drafter.eval()
-        total, count = 0.0, 0
+        streak, greedy, count = 0.0, 0.0, 0
         for lo in range(0, len(chosen), cfg.batch_size):
             part = chosen[lo:lo + cfg.batch_size]
-            batch = make_batch(self.heldout, [i for i, _ in part], [s for _, s in part], cfg.gamma)
+            batch = make_batch(self.heldout, [i for i, _ in part], [s for _, s in part], cfg.gamma,
+                               lookahead=self.lookahead)
             with self.accelerator.autocast():
                 logits, targets = self._forward(batch)
-            total += float(expected_streak_of(logits, targets, cfg.draft_temperature).sum())
+            streak += float(expected_streak_of(logits, targets, cfg.draft_temperature).sum())
+            greedy += float(greedy_accepted_of(logits, targets).sum())
             count += batch.num_windows
         self.drafter.train(was_training)
-        return total / count
+        return {"heldout_expected_streak": streak / count,
+                "heldout_greedy_accepted_length": greedy / count}
 
     # ---- the loop -------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -391,7 +423,7 @@ class Trainer:
         while self.step < cfg.steps:
             record = self.train_step()
             if cfg.eval_every and self.step % cfg.eval_every == 0:
-                record["heldout_expected_streak"] = self.heldout_streak()
+                record.update(self.heldout_measures())
             if acc.is_main_process:
                 with (self.out / LOG_FILE).open("a") as f:
                     f.write(json.dumps(record) + "\n")
@@ -406,8 +438,8 @@ class Trainer:
     def finish(self) -> dict:
         """Write the artifact the proposer loads, plus a summary with the held-out streak."""
         cfg, acc = self.cfg, self.accelerator
-        summary = {"steps": self.step, "loss": cfg.loss, "trainable_parameters": self.num_trainable,
-                   "heldout_expected_streak": self.heldout_streak()}
+        summary = {"steps": self.step, "loss": cfg.loss, "objective": cfg.objective,
+                   "trainable_parameters": self.num_trainable, **self.heldout_measures()}
         if acc.is_main_process:
             if self.lora_config is not None:
                 path = save_adapter(self.drafter, self.lora_config, self.out / ADAPTER_DIR,

@@ -87,11 +87,15 @@ def eligible_sequences(data: SequenceData, gamma: int, min_context: int = 1,
 
 
 def make_batch(data: SequenceData, seq_ids: list[int], starts: list[list[int]], gamma: int,
-               soft: bool = False) -> WindowBatch:
-    """Assemble a padded batch from explicit (sequence, starts) choices."""
+               soft: bool = False, lookahead: int = 0) -> WindowBatch:
+    """Assemble a padded batch from explicit (sequence, starts) choices. input_ids holds the
+    tokens before the last start plus `lookahead` more (a causal LM reads its targets' prefixes:
+    gamma - 1; the diffusion drafters see only the context: 0)."""
+    if not 0 <= lookahead < gamma:
+        raise ValueError(f"lookahead must be in [0, gamma), got {lookahead}")
     m = max(len(s) for s in starts)
     b = len(seq_ids)
-    length = max(max(s) for s in starts)
+    length = max(max(s) for s in starts) + lookahead
     input_ids = torch.zeros(b, length, dtype=torch.long)
     start_t = torch.zeros(b, m, dtype=torch.long)
     valid = torch.zeros(b, m, dtype=torch.bool)
@@ -119,7 +123,8 @@ def make_batch(data: SequenceData, seq_ids: list[int], starts: list[list[int]], 
 
 def sample_batch(data: SequenceData, eligible: list[int], batch_size: int, windows_per_seq: int,
                  gamma: int, generator: torch.Generator, soft: bool = False,
-                 min_context: int = 1, max_length: int | None = None) -> WindowBatch:
+                 min_context: int = 1, max_length: int | None = None,
+                 lookahead: int = 0) -> WindowBatch:
     """Random sequences (without replacement) and random distinct starts within each."""
     if not eligible:
         raise ValueError(f"no sequence has a full window of gamma={gamma} generated tokens; "
@@ -131,7 +136,7 @@ def sample_batch(data: SequenceData, eligible: list[int], batch_size: int, windo
         rng = valid_starts(data, i, gamma, min_context, max_length)
         chosen = torch.randperm(len(rng), generator=generator)[:windows_per_seq]
         starts.append(sorted(rng[c] for c in chosen.tolist()))
-    return make_batch(data, seq_ids, starts, gamma, soft)
+    return make_batch(data, seq_ids, starts, gamma, soft, lookahead)
 
 
 def batch_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:

@@ -9,6 +9,7 @@ them). Only one candidate's gamma tokens are ever committed, so the count is cla
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 
@@ -31,3 +32,11 @@ def clamp_spec_decode_stats() -> bool:
 def register() -> None:
     """Entry point: vLLM calls this at start-up in the engine and worker processes."""
     clamp_spec_decode_stats()
+    # vLLM's own methods (ngram, draft_model) verify through the same broken CPU kernel as
+    # SpecDiff, so the fix is installed for every engine, not only when the proposer loads.
+    from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
+
+    if fix_cpu_expand_kernel():
+        logging.getLogger("vllm.specdiff").info(
+            "SpecDiff: installed the fix for vLLM's CPU expand_kernel (temperature > 0 "
+            "verification, every speculative method)")
