@@ -149,6 +149,15 @@ def test_ar_resumes_and_old_runs_without_objective_still_resume(tmp_path, greedy
         run_train(_ar_cfg(greedy_data, run, verifier_dir, steps=4, save_every=2, eval_every=0))
 
 
+def test_ar_trains_on_soft_targets_with_kl(tmp_path, greedy_data, verifier_dir):
+    import math
+
+    summary = run_train(_ar_cfg(greedy_data, tmp_path / "kl", verifier_dir, loss="kl", steps=2,
+                                eval_every=0))
+    log = [json.loads(line) for line in (tmp_path / "kl" / "log.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 2 and all(math.isfinite(r["loss"]) and r["loss"] > 0 for r in log)
+
+
 def test_ar_step_counts_the_causal_pass_tokens_only(tmp_path, greedy_data, verifier_dir):
     from vllm_specdiff_training.trainer import Trainer
 
