@@ -17,7 +17,8 @@ from vllm_specdiff.bench.suite import Run, identity_failures, summarize
 GAMMA = 3
 CELL_FIELDS = ("prompts", "num_prompts", "temperature", "batch_size", "method", "tokens_per_s",
                "per_request_tokens_per_s", "speedup", "per_request_speedup", "accepted_per_step",
-               "per_position_acceptance", "drafter_ms_per_step", "step_ms",
+               "per_position_acceptance", "per_position_acceptance_of_drafted",
+               "spec_decode_counts", "drafter_ms_per_step", "step_ms",
                "drafter_share_of_step", "identical_to_plain", "mismatched_prompts")
 
 
@@ -53,6 +54,8 @@ def test_quick_suite_writes_json_table_and_plots(tmp_path, word_prompts, tiny_ve
     assert by[(1, "plain")]["speedup"] == 1.0 and by[(1, "plain")]["accepted_per_step"] is None
     # Each engine's own counters: a full copy of the verifier as draft model is always right.
     assert by[(2, "draft-model")]["per_position_acceptance"] == [1.0] * GAMMA
+    counts = by[(2, "draft-model")]["spec_decode_counts"]
+    assert counts["num_accepted_tokens"] == counts["num_draft_tokens"] > 0
     assert len(by[(1, "specdiff2:gamma=2")]["per_position_acceptance"]) == 2
     assert by[(1, "specdiff2")]["drafter_ms_per_step"] > 0
     assert 0 < by[(1, "specdiff2")]["drafter_share_of_step"] < 1

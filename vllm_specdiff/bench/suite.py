@@ -52,7 +52,7 @@ def sampling_params(temperature: float, max_tokens: int, seed: int, count: int) 
 
 
 COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-PER_POS = "num_accepted_tokens_per_pos"
+PER_POS = ("num_accepted_tokens_per_pos", "num_draft_tokens_per_pos")
 
 
 class SpecCounters:
@@ -65,7 +65,8 @@ class SpecCounters:
     """
 
     def __init__(self, llm: Any) -> None:  # noqa: ANN401
-        self.totals: dict[str, Any] = {**dict.fromkeys(COUNTS, 0), PER_POS: []}
+        self.totals: dict[str, Any] = {**dict.fromkeys(COUNTS, 0),
+                                       **{key: [] for key in PER_POS}}
         manager = llm.llm_engine.logger_manager
         if manager is None:
             raise ValueError("the bench needs vLLM's stats (engine built with "
@@ -83,12 +84,14 @@ class SpecCounters:
     def observe(self, spec: Any) -> None:  # noqa: ANN401
         for key in COUNTS:
             self.totals[key] += getattr(spec, key)
-        per_pos = list(spec.num_accepted_tokens_per_pos)
-        prev = self.totals[PER_POS] or [0] * len(per_pos)
-        self.totals[PER_POS] = [a + b for a, b in zip(prev, per_pos, strict=True)]
+        for key in PER_POS:
+            per_pos = list(getattr(spec, key, None) or [])
+            prev = self.totals[key] or [0] * len(per_pos)
+            if per_pos:
+                self.totals[key] = [a + b for a, b in zip(prev, per_pos, strict=True)]
 
     def snapshot(self) -> dict[str, Any]:
-        return {**self.totals, PER_POS: list(self.totals[PER_POS])}
+        return {**self.totals, **{key: list(self.totals[key]) for key in PER_POS}}
 
 
 @dataclass
@@ -113,7 +116,7 @@ class Engine:
 
 def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for key in (*COUNTS, PER_POS):
+    for key in (*COUNTS, *PER_POS):
         value, prev = after[key], before.get(key)
         if isinstance(value, list):
             prev = prev or [0] * len(value)
@@ -157,6 +160,8 @@ def _sum_counters(runs: list[Run]) -> dict[str, Any]:
     for run in runs:
         for key, value in run.counters.items():
             if isinstance(value, list):
+                if not value:
+                    continue
                 prev = total.get(key) or [0] * len(value)
                 total[key] = [a + b for a, b in zip(prev, value, strict=True)]
             else:
@@ -175,6 +180,7 @@ def summarize(method: Method, runs: list[Run], plain_runs: list[Run],
     counters = _sum_counters(runs)
     drafts = counters.get("num_drafts", 0)
     per_pos = counters.get("num_accepted_tokens_per_pos")
+    drafted_pos = counters.get("num_draft_tokens_per_pos")
     calls = sum(r.propose_calls for r in runs)
     seconds = sum(r.seconds for r in runs)
     drafter_ms = 1000.0 * sum(r.drafter_seconds for r in runs) / calls if calls else None
@@ -196,6 +202,11 @@ def summarize(method: Method, runs: list[Run], plain_runs: list[Run],
         "accepted_per_step": counters.get("num_accepted_tokens", 0) / drafts if drafts else None,
         "per_position_acceptance": [round(a / drafts, 4) for a in per_pos]
         if drafts and per_pos else None,
+        "per_position_acceptance_of_drafted": [round(a / d, 4) if d else None
+                                               for a, d in zip(per_pos, drafted_pos,
+                                                               strict=True)]
+        if drafts and per_pos and drafted_pos else None,
+        "spec_decode_counts": counters or None,
         "drafter_ms_per_step": round(drafter_ms, 3) if drafter_ms is not None else None,
         "step_ms": round(step_ms, 3) if step_ms is not None else None,
         "drafter_share_of_step": round(drafter_ms / step_ms, 4)
