@@ -192,3 +192,67 @@ def test_bad_inputs(base_dir):
         BlockCausalDrafter.from_causal_lm(base_dir, num_layers=9)
     windowed = BlockCausalDrafter.from_causal_lm(base_dir, num_layers=2, context_window=16)
     assert windowed.draft_logits([torch.arange(60) % VOCAB], gamma=8).shape == (1, 8, VOCAB)
+
+
+def _full_forward(drafter: BlockCausalDrafter, context: torch.Tensor, gamma: int) -> torch.Tensor:
+    """Reference without any cache or packing: `window_logits`' dense-mask forward of one row."""
+    (seen,) = drafter.prepare_contexts([context], gamma)
+    with torch.no_grad():
+        out = drafter.window_logits(seen[None], torch.tensor([[seen.numel()]]), gamma)
+    return drafter.to_verifier_vocab(out[0, 0])
+
+
+@pytest.mark.parametrize("window", [None, 24])
+def test_packed_steps_equal_the_full_forward(base_dir, window):
+    """Rows of different lengths drafted together step after step (1-3 tokens appended, some
+    drafts rolled back, a row dropped, a long prompt joining, duplicate rows, more rows than
+    pool entries so entries are evicted and re-encoded, a context window that re-encodes): every
+    row's logits equal a cache-less dense forward of that row alone."""
+    gamma = 4
+    drafter = BlockCausalDrafter.from_causal_lm(base_dir, num_layers=2, cache_size=3,
+                                                context_window=window)
+    gen = torch.Generator().manual_seed(11)
+    seqs = [torch.randint(0, VOCAB, (n,), generator=gen) for n in (2, 9, 30, 5)]
+    for step in range(8):
+        batch = list(seqs)
+        if step == 2:
+            batch = batch[1:]  # a row preempted
+        if step == 4:
+            batch.append(torch.randint(0, VOCAB, (40,), generator=gen))  # a long prompt joins
+        if step == 5:
+            batch.append(batch[0].clone())  # two rows with one context (n > 1 samples)
+        got = drafter.draft_logits(batch, gamma)
+        for row, ctx in enumerate(batch):
+            torch.testing.assert_close(got[row], _full_forward(drafter, ctx, gamma),
+                                       atol=1e-5, rtol=0)
+        for i, seq in enumerate(seqs):
+            keep = seq.numel() - (1 if step % 3 == 2 and seq.numel() > 1 else 0)
+            new = torch.randint(0, VOCAB, (int(torch.randint(1, 4, (1,), generator=gen)),),
+                                generator=gen)
+            seqs[i] = torch.cat([seq[:keep], new])[: 50]  # stay inside the 64 positions
+    stats = drafter.cache_stats()
+    assert stats["hit_tokens"] > 0 and stats["evictions"] > 0 and stats["entries"] <= 3
+
+
+def test_packed_step_skips_padding_and_reuses_storage(base_dir):
+    """A long prompt joining short rows does not widen them: the linears see exactly the new
+    tokens plus the blocks (a padded batch runs rows x widest row). A row whose entry has room
+    keeps its storage from step to step (no per-step copy of its cached context)."""
+    drafter = BlockCausalDrafter.from_causal_lm(base_dir, num_layers=2, cache_size=8)
+    seen: list[int] = []
+    drafter.model.layers[0].self_attn.q_proj.register_forward_hook(
+        lambda _m, args, _out: seen.append(args[0].shape[-2] * args[0].shape[0]))
+    short = [torch.arange(10) + 1, torch.arange(12) + 2]
+    drafter.draft_logits(short, 4)
+    short = [torch.cat([s, torch.tensor([7])]) for s in short]
+    storage = [e.kv.data_ptr() for e in drafter.pool.entries.values()]
+    prompt = torch.arange(40) % VOCAB
+    seen.clear()
+    drafter.draft_logits([*short, prompt], 4)
+    assert seen == [1 + 4 + 1 + 4 + 40 + 4]  # not 3 x (40 + 4)
+    assert [e.kv.data_ptr() for e in list(drafter.pool.entries.values())[:2]] == storage
+    two = drafter.draft_logits([*short, prompt], 4, steps=2)
+    fresh = BlockCausalDrafter.from_causal_lm(base_dir, num_layers=2, cache_size=0)
+    for row, ctx in enumerate([*short, prompt]):  # the block's own tokens (steps > 1) too
+        torch.testing.assert_close(two[row], fresh.draft_logits([ctx], 4, steps=2)[0],
+                                   atol=1e-5, rtol=0)

@@ -23,8 +23,9 @@ from torch import nn
 
 from .base import Drafter
 from .checkpoint import load_into, parse_dtype, read_config, read_weights
-from .kv_pool import KVEntry, KVPool
-from .stack import ARCHS, CollectingCache, DecoderStack, make_config
+from .kv_pool import KVEntry, KVLayout, KVPool
+from .packed import PackedRows
+from .stack import ARCHS, DecoderStack, make_config
 from .vocab import copy_tokenizer_files
 
 MODEL_TYPE = "specdiff_block_causal"
@@ -52,6 +53,7 @@ class BlockCausalDrafter(Drafter):
                                  bias=False)
         self.register_buffer("draft_to_verifier", None)
         self.pool = KVPool(cache_size, cache_bytes) if cache_size > 0 else None
+        self._layout: KVLayout | None = None
         self.source_dir: Path | None = None  # tokenizer files are copied from here on save
 
     @property
@@ -164,16 +166,16 @@ class BlockCausalDrafter(Drafter):
         return self.pool.stats() if self.pool is not None else {}
 
     def _claim(self, contexts: list[torch.Tensor]
-               ) -> tuple[list[tuple[KVEntry | None, int]], set[int]]:
+               ) -> tuple[list[tuple[KVEntry, int]], set[int]]:
         """For each row, the cache entry it extends and how many of its tokens are reused, and
         the pool keys of those entries (which eviction must keep while the step runs).
 
         At least the last context token is always recomputed (its hidden state gives draft 1).
         An entry matched by several rows is extended in place by the first and copied for the rest.
         """
-        if self.pool is None:
-            return [(None, 0) for _ in contexts], set()
-        plan: list[tuple[KVEntry | None, int]] = []
+        if self.pool is None:  # one-step entries
+            return [(KVEntry(tokens=np.zeros(0, dtype=np.int64)), 0) for _ in contexts], set()
+        plan: list[tuple[KVEntry, int]] = []
         used: set[int] = set()
         for ctx in contexts:
             # Prefer an entry no other row has claimed (rows with identical contexts, e.g. n > 1
@@ -224,70 +226,52 @@ class BlockCausalDrafter(Drafter):
     # ---- forward passes -------------------------------------------------------------------------
     @torch.inference_mode()  # pool tensors are inference tensors; never differentiate through it
     def _block_logits(self, contexts: list[torch.Tensor], block: torch.Tensor) -> torch.Tensor:
+        """One packed forward over every row's uncached context tokens and its block (see
+        drafter/packed.py); the new context K/V stay in the rows' entries."""
         device = self._device()
-        batch, gamma = block.shape
+        gamma = block.shape[1]
         plan, in_use = self._claim(contexts)
-        keep = torch.tensor([k for _, k in plan], device=device)
-        fresh = torch.tensor([c.numel() - k for c, (_, k) in zip(contexts, plan, strict=True)],
-                             device=device)
-        past_len = int(keep.max())
-        width = int(fresh.max()) + gamma
-        input_ids = torch.full((batch, width), self.mask_token_id, dtype=torch.long)
-        for b, (ctx, (_, k)) in enumerate(zip(contexts, plan, strict=True)):
-            input_ids[b, : ctx.numel() - k] = ctx[k:]  # built on CPU, moved once
-        input_ids = input_ids.to(device)
-        slots = fresh[:, None] + torch.arange(gamma, device=device)[None]
-        input_ids.scatter_(1, slots, block)
-        q = torch.arange(width, device=device)
-        n_ = fresh[:, None]
-        is_ctx = q[None] < n_
-        is_live = q[None] < n_ + gamma
-        position_ids = torch.where(is_live, keep[:, None] + q[None], 0)
-        key_pos = torch.arange(past_len + width, device=device)[None]
-        new_pos = key_pos - past_len
-        past_ok = key_pos < keep[:, None]
-        ctx_key = (new_pos >= 0) & (new_pos < n_)
-        live_key = (new_pos >= 0) & (new_pos < n_ + gamma)
-        causal = new_pos[:, None, :] <= q[None, :, None]
-        allowed = (is_live[:, :, None] & past_ok[:, None, :]) \
-            | (is_ctx[:, :, None] & ctx_key[:, None, :] & causal) \
-            | ((is_live & ~is_ctx)[:, :, None] & live_key[:, None, :])
-        past = self._gather_past(plan, past_len) if past_len > 0 else None
-        cache = CollectingCache(past, collect=self.pool is not None)
-        hidden = self.model(input_ids, position_ids, allowed, cache)
-        # shifted: draft j reads the hidden state one slot earlier (j=0: last context token)
-        read = slots - 1
-        picked = hidden.gather(1, read[..., None].expand(-1, -1, hidden.shape[-1]))
-        logits = self.lm_head(picked)
+        keep = np.array([k for _, k in plan], dtype=np.int64)
+        fresh = np.array([c.numel() for c in contexts], dtype=np.int64) - keep
+        layout = self._kv_layout(device)
+        longest = self._longest(gamma)
+        for (entry, k), n in zip(plan, fresh, strict=True):
+            need = k + int(n) + gamma  # the block's K/V are scratch past the context
+            entry.reserve(need, layout, need if self.pool is None else longest)
+        pieces = []
+        for ctx, (_, k), row in zip(contexts, plan, block.cpu(), strict=True):
+            pieces += [ctx[k:], row]
+        input_ids = torch.cat(pieces).to(device)[None]  # built on CPU, moved once
+        rows = PackedRows([e for e, _ in plan], keep, fresh, gamma, device)
+        hidden = self.model.forward_packed(input_ids, rows)
+        logits = self.lm_head(hidden[0, rows.read])
+        for ctx, (entry, k) in zip(contexts, plan, strict=True):
+            entry.commit(ctx[k:].numpy())
         if self.pool is not None:
-            longest = self.context_window or self.max_positions  # no context is longer
-            for b, (ctx, (entry, k)) in enumerate(zip(contexts, plan, strict=True)):
-                n = ctx.numel() - k
-                entry.append(ctx[k:].numpy(),
-                             [(kk[b, :, :n], vv[b, :, :n]) for kk, vv in cache.new], longest)
-                self.pool.hits += k
-                self.pool.misses += n
+            self.pool.hits += int(keep.sum())
+            self.pool.misses += int(fresh.sum())
             self.pool.evict(in_use)
         return logits
 
-    def _gather_past(self, plan: list[tuple[KVEntry | None, int]],
-                     past_len: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per layer K/V [B, kv_heads, past_len, head_dim], zero-padded (padding is masked)."""
-        if len(plan) == 1:
-            entry, k = plan[0]
-            return [(kk[None, :, :k], vv[None, :, :k]) for kk, vv in
-                    zip(entry.keys, entry.values, strict=True)]
-        layers = []
-        for layer in range(len(self.model.layers)):
-            ref = next(e for e, k in plan if k > 0).keys[layer]
-            shape = (len(plan), ref.shape[0], past_len, ref.shape[2])
-            keys, values = ref.new_zeros(shape), ref.new_zeros(shape)
-            for b, (entry, k) in enumerate(plan):
-                if k > 0:
-                    keys[b, :, :k] = entry.keys[layer][:, :k]
-                    values[b, :, :k] = entry.values[layer][:, :k]
-            layers.append((keys, values))
-        return layers
+    def _kv_layout(self, device: torch.device) -> KVLayout:
+        """The K/V storage layout on the drafter's current device and dtype (cached: reading
+        transformers config attributes costs more than a small op)."""
+        dtype = self.model.embed_tokens.weight.dtype
+        layout = self._layout
+        if layout is None or layout.dtype != dtype or layout.device != device:
+            cfg = self.config
+            head_dim = getattr(cfg, "head_dim", None) or \
+                cfg.hidden_size // cfg.num_attention_heads
+            layout = KVLayout(len(self.model.layers), cfg.num_key_value_heads, head_dim, dtype,
+                              device)
+            self._layout = layout
+        return layout
+
+    def _longest(self, gamma: int) -> int:
+        """Most tokens an entry ever holds: the longest context plus the block's scratch."""
+        if self.context_window is None:
+            return self.max_positions
+        return min(self.max_positions, self.context_window + gamma)
 
     def window_logits(self, input_ids: torch.Tensor, starts: torch.Tensor,
                       gamma: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ The pool lives outside vLLM's memory budget, so it is bounded twice: by entry co
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -20,15 +20,34 @@ import torch
 DEFAULT_CACHE_BYTES = 1 << 30  # 1 GiB: ~175k tokens of the default 4-layer drafter in float32
 
 
+@dataclass(frozen=True)
+class KVLayout:
+    """Shape of a drafter's cached K/V: one tensor [layers, 2 (K, V), kv_heads, cap, head_dim]."""
+
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    device: torch.device
+
+    def empty(self, capacity: int) -> torch.Tensor:
+        return torch.zeros(self.layers, 2, self.kv_heads, capacity, self.head_dim,
+                           dtype=self.dtype, device=self.device)
+
+
 @dataclass
 class KVEntry:
-    """One sequence's cached context: tokens[:length], per-layer K/V [kv_heads, cap, head_dim]."""
+    """One sequence's cached context: tokens[:length] and kv[:, :, :, :length] (see KVLayout).
+
+    The forward pass writes its K/V straight into `kv` past `length` (the step's new context
+    tokens, then the draft block as scratch), so attention reads each row's cache in place;
+    `commit` then makes the new context tokens part of the entry.
+    """
 
     tokens: np.ndarray  # int64 [capacity]; numpy keeps the per-entry prefix checks cheap
-    keys: list[torch.Tensor] = field(default_factory=list)
-    values: list[torch.Tensor] = field(default_factory=list)
+    kv: torch.Tensor | None = None
     length: int = 0
-    storage_bytes: int = 0  # bytes of keys + values + tokens, updated when storage is allocated
+    storage_bytes: int = 0  # bytes of kv + tokens, updated when storage is allocated
 
     @property
     def capacity(self) -> int:
@@ -51,44 +70,37 @@ class KVEntry:
     def truncate(self, length: int) -> None:
         self.length = min(self.length, length)
 
-    def append(self, tokens: np.ndarray, new_kv: list[tuple[torch.Tensor, torch.Tensor]],
-               max_capacity: int | None = None) -> None:
-        """Append tokens[n] and per-layer K/V [kv_heads, n, head_dim].
+    def reserve(self, need: int, layout: KVLayout, max_capacity: int | None = None) -> None:
+        """Make room for `need` tokens, keeping the first `length`.
 
         Storage grows with 25% (at least 64 tokens) headroom, so copies stay amortised O(1) per
         token while little of the byte budget is held empty, and never past `max_capacity` (the
-        longest context the drafter accepts) unless needed.
+        longest context plus draft block the drafter accepts) unless needed.
         """
-        n = tokens.shape[0]
-        need = self.length + n
-        if need > self.capacity or not self.keys:
-            cap = max(need + 64, need + need // 4)
-            cap = max(need, cap if max_capacity is None else min(cap, max_capacity))
-            grown = np.zeros(cap, dtype=np.int64)
-            grown[: self.length] = self.tokens[: self.length]
-            self.tokens = grown
-            keys, values = [], []
-            for layer, (k, v) in enumerate(new_kv):
-                gk = k.new_zeros(k.shape[0], cap, k.shape[2])
-                gv = v.new_zeros(v.shape[0], cap, v.shape[2])
-                if self.keys:
-                    gk[:, : self.length] = self.keys[layer][:, : self.length]
-                    gv[:, : self.length] = self.values[layer][:, : self.length]
-                keys.append(gk)
-                values.append(gv)
-            self.keys, self.values = keys, values
-            self.storage_bytes = _storage_bytes(self)
+        if self.kv is not None and need <= self.capacity:
+            return
+        cap = max(need + 64, need + need // 4)
+        cap = max(need, cap if max_capacity is None else min(cap, max_capacity))
+        grown = np.zeros(cap, dtype=np.int64)
+        grown[: self.length] = self.tokens[: self.length]
+        kv = layout.empty(cap)
+        if self.kv is not None and self.length:
+            kv[:, :, :, : self.length] = self.kv[:, :, :, : self.length]
+        self.tokens, self.kv = grown, kv
+        self.storage_bytes = _storage_bytes(self)
+
+    def commit(self, tokens: np.ndarray) -> None:
+        """Append tokens[n] whose K/V the forward pass has written at kv[..., length:length+n]."""
+        need = self.length + tokens.shape[0]
+        if self.kv is None or need > self.capacity:
+            raise ValueError(f"commit of {tokens.shape[0]} tokens past the reserved capacity")
         self.tokens[self.length: need] = tokens
-        for layer, (k, v) in enumerate(new_kv):
-            self.keys[layer][:, self.length: need] = k
-            self.values[layer][:, self.length: need] = v
         self.length = need
 
     def copy_prefix(self, length: int) -> KVEntry:
         """A new entry holding the first `length` tokens (used when two rows share one entry)."""
         entry = KVEntry(tokens=self.tokens[:length].copy())
-        entry.keys = [k[:, :length].clone() for k in self.keys]
-        entry.values = [v[:, :length].clone() for v in self.values]
+        entry.kv = self.kv[:, :, :, :length].clone()
         entry.length = length
         entry.storage_bytes = _storage_bytes(entry)
         return entry
@@ -96,8 +108,8 @@ class KVEntry:
 
 def _storage_bytes(entry: KVEntry) -> int:
     """Allocated bytes of an entry (capacity, not length: rolled-back room is still held)."""
-    return entry.tokens.nbytes + sum(t.numel() * t.element_size()
-                                     for t in entry.keys + entry.values)
+    kv = 0 if entry.kv is None else entry.kv.numel() * entry.kv.element_size()
+    return entry.tokens.nbytes + kv
 
 
 class KVPool:

@@ -8,9 +8,13 @@ directly with a boolean pattern keeps the weights, names and numerics of the pub
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch import nn
 from transformers import LlamaConfig, Qwen2Config
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.models.llama.modeling_llama import (
     LlamaDecoderLayer,
     LlamaRMSNorm,
@@ -22,10 +26,30 @@ from transformers.models.qwen2.modeling_qwen2 import (
     Qwen2RotaryEmbedding,
 )
 
+if TYPE_CHECKING:
+    from .packed import PackedRows
+
 ARCHS = {
     "llama": (LlamaConfig, LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding),
     "qwen2": (Qwen2Config, Qwen2DecoderLayer, Qwen2RMSNorm, Qwen2RotaryEmbedding),
 }
+
+
+# The drafters' attention: transformers' sdpa, except in a packed block-causal drafting step, whose
+# layers get `packed_rows=` and attend row by row on the KV pool's storage (drafter/packed.py).
+ATTENTION = "specdiff_sdpa_or_packed"
+
+
+def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attention_mask: torch.Tensor | None, **kwargs: Any  # noqa: ANN401
+               ) -> tuple[torch.Tensor, None]:
+    rows: PackedRows | None = kwargs.pop("packed_rows", None)
+    if rows is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return rows.attend(module.layer_idx, query, kwargs["scaling"]), None
+
+
+ALL_ATTENTION_FUNCTIONS.register(ATTENTION, _attention)
 
 
 def make_config(arch: str, config: dict) -> LlamaConfig | Qwen2Config:
@@ -36,32 +60,10 @@ def make_config(arch: str, config: dict) -> LlamaConfig | Qwen2Config:
     # drafters attend through explicit patterns, so sliding windows are not supported.
     skip = ("model_type", "auto_map", "layer_types", "architectures")
     cfg = ARCHS[arch][0](**{k: v for k, v in config.items() if k not in skip})
-    cfg._attn_implementation = "sdpa"
+    cfg._attn_implementation = ATTENTION
     if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
         raise ValueError("drafters with sliding-window attention layers are not supported")
     return cfg
-
-
-class CollectingCache:
-    """Duck-typed stand-in for transformers' Cache: prepends given past K/V, keeps the new ones.
-
-    Each layer's attention calls `update(k, v, layer_idx)`; we return [past; new] along the sequence
-    axis and remember `new` so the caller can store the context part in its own KV pool.
-    """
-
-    def __init__(self, past: list[tuple[torch.Tensor, torch.Tensor]] | None, collect: bool) -> None:
-        self.past = past
-        self.collect = collect
-        self.new: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-    def update(self, key: torch.Tensor, value: torch.Tensor,
-               layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.collect:
-            self.new.append((key, value))
-        if self.past is None:
-            return key, value
-        past_k, past_v = self.past[layer_idx]
-        return torch.cat([past_k, key], dim=2), torch.cat([past_v, value], dim=2)
 
 
 class DecoderStack(nn.Module):
@@ -78,12 +80,12 @@ class DecoderStack(nn.Module):
         self.norm = norm_cls(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = rope_cls(config=config)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, allowed: torch.Tensor,
-                cache: CollectingCache | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
+                allowed: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states [B,Q,H].
 
-        allowed[B,Q,P+Q]: query q may attend key k (P cached keys first, then the Q new ones);
-        allowed[B,1,K] is a key-only mask shared by all queries (bidirectional formats).
+        allowed[B,Q,Q]: query q may attend key k; allowed[B,1,Q] is a key-only mask shared by
+        all queries (bidirectional formats).
         Rows with no allowed key are padding; they get finite garbage, never NaN.
         """
         hidden = self.embed_tokens(input_ids)
@@ -92,7 +94,18 @@ class DecoderStack(nn.Module):
         mask = mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min).unsqueeze(1)
         for layer in self.layers:
             hidden = layer(hidden, attention_mask=mask, position_ids=position_ids,
-                           past_key_values=cache, position_embeddings=position_embeddings)
+                           position_embeddings=position_embeddings)
+        return self.norm(hidden)
+
+    def forward_packed(self, input_ids: torch.Tensor, rows: PackedRows) -> torch.Tensor:
+        """Final-normed hidden states [1,T,H] of a packed step (input_ids[1,T]); the layers'
+        K/V go to, and attention reads from, the rows' KV entries."""
+        hidden = self.embed_tokens(input_ids)
+        position_embeddings = self.rotary_emb(hidden, rows.position_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, attention_mask=None, position_ids=rows.position_ids,
+                           past_key_values=rows, position_embeddings=position_embeddings,
+                           packed_rows=rows)
         return self.norm(hidden)
 
     def reset_rotary(self) -> None:
