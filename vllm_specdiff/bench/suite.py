@@ -1,8 +1,9 @@
 """Run the suite: every method on the same verifier and prompts, in one process.
 
 A cell is (prompt set, temperature, batch size). In each repeat of a cell every method decodes
-all its prompts, B at a time in one `llm.generate` call, in an order rotated per repeat, so
-noise from other processes hits every method alike. Throughput follows ALGORITHM.md section 5:
+all its prompts, B at a time in one `llm.generate` call; each batch is decoded by every method
+in turn, the order rotated per batch and repeat, so noise from other processes hits every
+method alike. Throughput follows ALGORITHM.md section 5:
 (new tokens - 1) / wall time, per request (its generate call's wall time) and aggregate (all
 tokens over all wall time); every timing figure is the median over repeats, counters are
 summed over them. At temperature 0 each method's outputs must equal plain decoding's.
@@ -126,46 +127,46 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_method(engine: Engine, prompts: list[list[int]], params: list[Any],
-               batch_size: int) -> Run:
-    """Decode `prompts` B at a time; wall time, tokens, outputs and counter deltas."""
+def run_batch(engine: Engine, prompts: list[list[int]], params: list[Any], run: Run) -> None:
+    """Decode one batch in one generate call; add its wall time, tokens, outputs and counter
+    deltas to `run`."""
     from vllm.inputs import TokensPrompt
 
     counters, drafter_s, calls = engine.snapshot()
-    run = Run()
-    for start in range(0, len(prompts), batch_size):
-        batch = [TokensPrompt(prompt_token_ids=ids) for ids in prompts[start:start + batch_size]]
-        began = time.perf_counter()
-        outs = engine.llm.generate(batch, params[start:start + batch_size], use_tqdm=False)
-        seconds = time.perf_counter() - began
-        run.seconds += seconds
-        for out in outs:
-            tokens = list(out.outputs[0].token_ids)
-            run.outputs.append(tokens)
-            run.new_tokens.append(len(tokens))
-            run.per_request_tps.append(max(len(tokens) - 1, 0) / seconds if seconds else 0.0)
+    began = time.perf_counter()
+    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params,
+                               use_tqdm=False)
+    seconds = time.perf_counter() - began
     after, drafter_after, calls_after = engine.snapshot()
-    run.counters = _delta(after, counters)
-    run.drafter_seconds = drafter_after - drafter_s
-    run.propose_calls = calls_after - calls
-    return run
+    run.seconds += seconds
+    for out in outs:
+        tokens = list(out.outputs[0].token_ids)
+        run.outputs.append(tokens)
+        run.new_tokens.append(len(tokens))
+        run.per_request_tps.append(max(len(tokens) - 1, 0) / seconds if seconds else 0.0)
+    _accumulate(run.counters, _delta(after, counters))
+    run.drafter_seconds += drafter_after - drafter_s
+    run.propose_calls += calls_after - calls
 
 
 def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
 
+def _accumulate(total: dict[str, Any], counts: dict[str, Any]) -> None:
+    for key, value in counts.items():
+        if isinstance(value, list):
+            if value:
+                prev = total.get(key) or [0] * len(value)
+                total[key] = [a + b for a, b in zip(prev, value, strict=True)]
+        else:
+            total[key] = total.get(key, 0) + value
+
+
 def _sum_counters(runs: list[Run]) -> dict[str, Any]:
     total: dict[str, Any] = {}
     for run in runs:
-        for key, value in run.counters.items():
-            if isinstance(value, list):
-                if not value:
-                    continue
-                prev = total.get(key) or [0] * len(value)
-                total[key] = [a + b for a, b in zip(prev, value, strict=True)]
-            else:
-                total[key] = total.get(key, 0) + value
+        _accumulate(total, run.counters)
     return total
 
 
@@ -219,16 +220,22 @@ def summarize(method: Method, runs: list[Run], plain_runs: list[Run],
 def run_cell(engines: dict[str, Engine], methods: list[Method], prompts: list[list[int]],
              temperature: float, batch_size: int, max_tokens: int, repeats: int, seed: int,
              bar: tqdm) -> list[dict[str, Any]]:
-    """All methods on one (prompt set, temperature, batch size), interleaved per repeat."""
+    """All methods on one (prompt set, temperature, batch size): each batch of prompts is
+    decoded by every method in turn, the order rotated per batch and repeat."""
     params = sampling_params(temperature, max_tokens, seed, len(prompts))
     runs: dict[str, list[Run]] = {m.label: [] for m in methods}
+    starts = range(0, len(prompts), batch_size)
     for r in range(repeats):
-        shift = r % len(methods)
-        for method in methods[shift:] + methods[:shift]:
-            bar.set_postfix_str(method.label)
-            runs[method.label].append(run_method(engines[method.label], prompts, params,
-                                                 batch_size))
-            bar.update(1)
+        current = {m.label: Run() for m in methods}
+        for j, start in enumerate(starts):
+            shift = (r + j) % len(methods)
+            for method in methods[shift:] + methods[:shift]:
+                bar.set_postfix_str(method.label)
+                run_batch(engines[method.label], prompts[start:start + batch_size],
+                          params[start:start + batch_size], current[method.label])
+                bar.update(1)
+        for label, run in current.items():
+            runs[label].append(run)
     plain = runs[methods[0].label]
     return [summarize(m, runs[m.label], plain, temperature) for m in methods]
 
@@ -238,9 +245,10 @@ def run_suite(engines: dict[str, Engine], methods: list[Method],
               batch_sizes: list[int], max_tokens: int, repeats: int, seed: int,
               progress: bool = True) -> list[dict[str, Any]]:
     """Every cell of the suite; methods[0] is plain decoding (the reference)."""
-    total = len(prompt_sets) * len(temperatures) * len(batch_sizes) * repeats * len(methods)
+    total = sum(-(-len(prompts) // batch) for prompts in prompt_sets.values()
+                for batch in batch_sizes) * len(temperatures) * repeats * len(methods)
     cells: list[dict[str, Any]] = []
-    with tqdm(total=total, desc="bench", unit="run", disable=not progress) as bar:
+    with tqdm(total=total, desc="bench", unit="batch", disable=not progress) as bar:
         for name, prompts in prompt_sets.items():
             for temperature in temperatures:
                 for batch in batch_sizes:
