@@ -7,22 +7,23 @@
 #   suite_k.json     speedup against K at drafter temperatures 0.5, 1, 1.5 (paper Figure 5)
 #   suite_gamma.json fixed gamma 2..12 against adaptive drafting, batch 1 and 16; denoising steps
 #
-#   bash benchmarks/suite.sh [OUT]      # hours on 2 cores: run it on a quiet machine
+#   bash benchmarks/suite.sh [OUT]      # ~3 h + ~2 h on 2 idle cores: run it on a quiet machine
 #
 # SPECDIFF_AR_DRAFTER: the autoregressive drafter of vLLM's draft_model method (default: the
 # directory scripts/train_ar_drafter.sh exports, $SPECDIFF_CACHE_DIR/drafters/ar-drafter); where
-# it does not exist the draft-model row is left out. SPECDIFF_BENCH_LIMIT (8) and
-# SPECDIFF_BENCH_REPEATS (3) scale the runs.
+# it does not exist the draft-model row is left out. SPECDIFF_BENCH_LIMIT (16 prompts per set:
+# batch 16 needs 16), SPECDIFF_BENCH_REPEATS (3) and SPECDIFF_BENCH_MAX_TOKENS (64) scale it.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
 OUT="${1:-$ROOT/benchmarks/results/$(date -u +%F)}"
-LIMIT="${SPECDIFF_BENCH_LIMIT:-8}"
+LIMIT="${SPECDIFF_BENCH_LIMIT:-16}"
+MAX_TOKENS="${SPECDIFF_BENCH_MAX_TOKENS:-64}"
 REPEATS="${SPECDIFF_BENCH_REPEATS:-3}"
 CHAT="$ROOT/benchmarks/prompts/chat_heldout.jsonl"
 mkdir -p "$OUT"
-bench() { "$BIN/vllm-specdiff" bench --limit "$LIMIT" --repeats "$REPEATS" --max-tokens 96 \
-  --gamma 8 "$@"; }
+bench() { "$BIN/vllm-specdiff" bench --limit "$LIMIT" --repeats "$REPEATS" \
+  --max-tokens "$MAX_TOKENS" --gamma 8 "$@"; }
 METHODS="plain,ngram,specdiff-base,specdiff2,specdiff2:adaptive=false,specdiff2-k2,specdiff2-k4"
 AR="${SPECDIFF_AR_DRAFTER:-${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}/drafters/ar-drafter}"
 EXTRA=()

@@ -197,3 +197,12 @@ def test_plots_group_each_sweep_by_the_settings_it_does_not_vary(tmp_path):
     assert sorted(Path(p).name for p in written) == [
         "acceptance_per_position.png", "gamma_sweep.png", "speedup_by_method.png",
         "speedup_vs_k.png", "steps_sweep.png"]
+
+
+def test_a_batch_larger_than_the_set_is_announced(capsys):
+    from vllm_specdiff.bench.runner import warn_short_sets
+
+    warn_short_sets({"p": [[1], [2]], "q": [[1]] * 4}, [1, 4])
+    err = capsys.readouterr().err
+    assert "set 'p' has 2 prompts, so batch size(s) [4] run as one batch of 2" in err
+    assert "'q'" not in err

