@@ -30,9 +30,11 @@ def engines(tiny_verifier, tiny_drafter):
 
     plain = LLM(**_engine_kwargs(tiny_verifier))
     # float32 drafter: the tests below rely on its first token being exactly the verifier's
-    # (int8, the CPU default, has its own greedy-identity test in test_quantize_option.py)
+    # (int8, the CPU default, has its own greedy-identity test in test_quantize_option.py);
+    # fixed gamma: the counters below assume GAMMA tokens per draft (adaptive drafting has its
+    # own engine tests in test_adaptive.py)
     spec = LLM(**_engine_kwargs(tiny_verifier),
-               **speculative_args(tiny_drafter, gamma=GAMMA, quantize="none"))
+               **speculative_args(tiny_drafter, gamma=GAMMA, quantize="none", adaptive=False))
     return plain, spec
 
 

@@ -58,6 +58,9 @@ class SpecDiffConfig:
       candidates are dropped until the merged trie fits.
     quantize: "auto" (int8 linears on CPU, none on GPUs), "int8" (CPU only) or "none". The
       drafter only proposes, so this changes speed and acceptance, never the output.
+    adaptive: choose the draft length per step (0 .. num_speculative_tokens; K > 1: no draft
+      or the full trie) from the verifier's and drafter's measured costs and the running
+      acceptance (`plugin/adaptive.py`); False drafts num_speculative_tokens every step.
     """
 
     drafter: str | None = None
@@ -75,6 +78,7 @@ class SpecDiffConfig:
     selection: str = "tau"
     max_tree_tokens: int = DEFAULT_MAX_TREE_TOKENS
     quantize: str = "auto"
+    adaptive: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +105,12 @@ def _number(name: str, value: Any, minimum: float) -> float:  # noqa: ANN401
             or value < minimum:
         raise ValueError(f"{_opt(name)} must be a finite number >= {minimum}, got {value!r}")
     return float(value)
+
+
+def _bool(name: str, value: Any) -> bool:  # noqa: ANN401
+    if not isinstance(value, bool):
+        raise ValueError(f"{_opt(name)} must be true or false, got {value!r}")
+    return value
 
 
 def max_spec_len() -> int:
@@ -268,4 +278,5 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
         log_interval=_number("log_interval", get("log_interval", defaults.log_interval), 0.0),
         **_tree_options(get, defaults, gamma),
         quantize=_choice("quantize", get("quantize", defaults.quantize), QUANTIZE_MODES),
+        adaptive=_bool("adaptive", get("adaptive", defaults.adaptive)),
     )

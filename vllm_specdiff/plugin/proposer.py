@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
+from vllm_specdiff.plugin.adaptive import AdaptiveDrafting
 from vllm_specdiff.plugin.candidates import candidate_drafts, ngram_draft
 from vllm_specdiff.plugin.config import (
     TREE_WORKER,
@@ -37,6 +39,27 @@ from vllm_specdiff.plugin.trie import RequestTrie, build_request_trie
 # Tokens of context that identify a row between two steps (with its length) when counting how
 # many drafts were accepted; a collision only merges two rows' identical counts.
 _SIGNATURE_TOKENS = 8
+
+
+@dataclass(frozen=True)
+class _Row:
+    """A row that just sampled tokens: batch index, committed context, the most draft tokens
+    that fit (position limits), and the context length the drafter last encoded for it."""
+
+    index: int
+    context: torch.Tensor
+    room: int
+    drafted_upto: int
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """What one step left for the next: the row's draft length (accepted counts are out of
+    it), the draft tokens the verifier got (a trie's nodes for K > 1) and `drafted_upto`."""
+
+    depth: int
+    tokens: int
+    drafted_upto: int
 
 
 def _logger() -> Any:  # noqa: ANN401
@@ -81,11 +104,16 @@ class SpecDiffProposer:
         self.drafter: Any = None
         self.drafter_path: str | None = None
         self.generator: torch.Generator | None = None
-        self.stats = SpecDecodeStats()
+        self.stats = self._new_stats()
         self.propose_calls = 0
         self.drafted_rows = 0
         self.drafter_seconds = 0.0
-        self._pending: dict[tuple[int, bytes], int] = {}
+        self._pending: dict[tuple[int, bytes], _Pending] = {}
+        self._last_end: float | None = None  # end of the last propose call (verifier timing)
+        self.adaptive = AdaptiveDrafting(
+            self.gamma,
+            full_tokens=self.gamma if self.config.K == 1 else self.config.max_tree_tokens - 1,
+            chain_choices=self.config.K == 1) if self.config.adaptive else None
         self._lock = threading.Lock()
         self._last_log = time.monotonic()
         self._logged = (0, 0.0, 0)
@@ -168,40 +196,101 @@ class SpecDiffProposer:
         num_rows = len(sampled_token_ids)
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         self.last_tries = [None] * num_rows
-        rows, contexts, lengths = [], [], []
-        accepted = []
+        decoded: list[_Row] = []
+        accepted, depths = [], []
+        verified: int | None = 0  # verifier tokens of this step; None: it also prefilled
         for i, sampled in enumerate(sampled_token_ids):
             if not sampled:
-                continue  # partial prefill chunk or discarded request: nothing to extend
+                verified = None  # partial prefill chunk or discarded request: nothing to extend
+                continue
             n = int(num_tokens_no_spec[i])
             context = token_ids_cpu[i, :n]
             prev = self._pending.pop(self._signature(context[: n - len(sampled)]), None)
-            if prev is not None:
-                accepted.append(min(len(sampled) - 1, prev))
+            if prev is None:
+                verified = None  # a new or resumed request: this step ran its prefill
+            else:
+                verified = None if verified is None else verified + 1 + prev.tokens
+                if prev.depth:
+                    accepted.append(min(len(sampled) - 1, prev.depth))
+                    depths.append(prev.depth)
             room = min(self.gamma, self.max_model_len - n, self.drafter.draft_room(n))
-            if room <= 0:
-                continue
-            rows.append(i)
-            contexts.append(torch.from_numpy(np.asarray(context, dtype=np.int64)))
-            lengths.append(room)
+            decoded.append(_Row(i, torch.from_numpy(np.asarray(context, dtype=np.int64)),
+                                max(room, 0), 0 if prev is None else prev.drafted_upto))
         self._pending.clear()  # rows not seen this step finished or were preempted
-        if accepted:
-            self.stats.record(accepted, self.gamma)
+        self._record_accepted(accepted, depths)
+        lengths = self._draft_lengths(decoded, start, verified)
+        rows = [(row, length) for row, length in zip(decoded, lengths, strict=True) if length]
+        encoded = 0
         if rows:
-            allowed = [self.tree_rows is None or bool(self.tree_rows[i]) for i in rows]
-            tokens, tries = self._draft(contexts, lengths, allowed)
-            for i, context, room, draft, trie in zip(rows, contexts, lengths, tokens, tries,
-                                                     strict=True):
-                drafts[i] = draft
-                self.last_tries[i] = trie
-                self._pending[self._signature(context.numpy())] = room
+            allowed = [self.tree_rows is None or bool(self.tree_rows[r.index]) for r, _ in rows]
+            tokens, tries = self._draft([r.context for r, _ in rows], [n for _, n in rows],
+                                        allowed)
+            for (row, _), draft, trie in zip(rows, tokens, tries, strict=True):
+                drafts[row.index] = draft
+                self.last_tries[row.index] = trie
+            encoded = sum(self._encoded(row) + n for row, n in rows)
+            self._observe_full_tokens(drafts, rows)
+        for row, length in zip(decoded, lengths, strict=True):
+            n = int(row.context.shape[0])
+            self._pending[self._signature(row.context.numpy())] = _Pending(
+                length, len(drafts[row.index]), n if length else row.drafted_upto)
         elapsed = time.perf_counter() - start
+        self._observe_call(encoded, elapsed)
         with self._lock:
             self.propose_calls += 1
             self.drafted_rows += len(rows)
             self.drafter_seconds += elapsed
         self._maybe_log()
         return drafts
+
+    # ---- adaptive drafting ----------------------------------------------------------------------
+    def _draft_lengths(self, decoded: list[_Row], start: float, verified: int | None
+                       ) -> list[int]:
+        """Each decoded row's draft length this step: its room (fixed gamma), or the adaptive
+        controller's plan, fed first with the verifier step that just ran (decode-only steps)."""
+        rooms = [row.room for row in decoded]
+        if self.adaptive is None or not decoded:
+            return rooms
+        if verified is not None and self._last_end is not None:
+            self.adaptive.observe_verifier(verified, start - self._last_end)
+        plan = self.adaptive.plan(len(decoded))
+        lengths = [min(room, plan.gamma) for room in rooms]
+        # probe the rows the drafter saw last: the least context to catch up on
+        order = sorted(range(len(decoded)),
+                       key=lambda j: (rooms[j] == 0, self._encoded(decoded[j]), j))
+        for j in order[: plan.probe_rows]:
+            lengths[j] = min(rooms[j], plan.probe_gamma)
+        return lengths
+
+    def _encoded(self, row: _Row) -> int:
+        """Context tokens the drafter encodes for this row before drafting (its KV pool holds
+        the context it last drafted from; a skipped step leaves one more token to catch up)."""
+        fresh = int(row.context.shape[0]) - row.drafted_upto
+        window = self.config.context_window
+        return fresh if window is None else min(fresh, window)
+
+    def _observe_full_tokens(self, drafts: list[list[int]], rows: list[tuple[_Row, int]]
+                             ) -> None:
+        """Verifier tokens of a full-depth draft (a trie's nodes for K > 1), for the cost model."""
+        full = [len(drafts[row.index]) for row, n in rows if n == self.gamma]
+        if self.adaptive is not None and full:
+            self.adaptive.observe_full_tokens(sum(full) / len(full))
+
+    def _observe_call(self, encoded: int, elapsed: float) -> None:
+        if self.adaptive is not None:
+            if encoded:
+                self.adaptive.observe_drafter(encoded, elapsed)
+            else:
+                self.adaptive.observe_overhead(elapsed)
+        self._last_end = time.perf_counter()
+
+    def _record_accepted(self, accepted: list[int], depths: list[int]) -> None:
+        """Accepted draft tokens per row, recorded out of each row's own draft length."""
+        for depth in sorted(set(depths)):
+            self.stats.record([a for a, d in zip(accepted, depths, strict=True) if d == depth],
+                              depth)
+        if self.adaptive is not None and accepted:
+            self.adaptive.observe_accepted(accepted, depths)
 
     def _draft(self, contexts: list[torch.Tensor], lengths: list[int], allowed: list[bool]
                ) -> tuple[list[list[int]], list[RequestTrie | None]]:
@@ -280,10 +369,16 @@ class SpecDiffProposer:
         tail = np.asarray(context[-_SIGNATURE_TOKENS:], dtype=np.int64)
         return int(context.shape[0]), tail.tobytes()
 
+    def _new_stats(self) -> SpecDecodeStats:
+        stats = SpecDecodeStats()
+        stats.record([], self.gamma)  # size the per-position lists for gamma, whatever is drafted
+        return stats
+
     def get_stats(self) -> dict[str, Any]:
         """Drafter time per step and acceptance, as the Python API and log line report them."""
         with self._lock:
             calls, rows, seconds = self.propose_calls, self.drafted_rows, self.drafter_seconds
+            adaptive = {"enabled": False} if self.adaptive is None else self.adaptive.stats()
         out = {
             "gamma": self.gamma,
             "drafter": self.drafter_path,
@@ -296,6 +391,8 @@ class SpecDiffProposer:
             "per_position_acceptance": self.stats.per_position_acceptance,
             "accepted_length_histogram": list(self.stats.accepted_length_histogram),
             "verify_steps": self.stats.steps,
+            "drafted_tokens": self.stats.drafted_tokens,
+            "adaptive": adaptive,
         }
         if self.config.K > 1:
             steps = self.tree_stats.steps
@@ -310,7 +407,9 @@ class SpecDiffProposer:
 
     def reset_stats(self) -> None:
         with self._lock:
-            self.stats = SpecDecodeStats()
+            self.stats = self._new_stats()
+            if self.adaptive is not None:
+                self.adaptive.reset_counters()
             self.propose_calls = 0
             self.drafted_rows = 0
             self.drafter_seconds = 0.0
@@ -341,3 +440,5 @@ class SpecDiffProposer:
                 "chosen %s, mean tau chosen %.2f vs all %.2f", self.config.K, tree.steps,
                 tree.mean_accepted_length, self.chosen_sources,
                 self.tau_chosen / max(tree.steps, 1), self.tau_all / max(tree.steps, 1))
+        if self.adaptive is not None:
+            _logger().info("SpecDiff adaptive drafting: %s", self.adaptive.summary())

@@ -1,0 +1,364 @@
+"""Adaptive drafting: the controller on synthetic costs, and the proposer inside vLLM.
+
+The controller tests need no engine: costs and acceptance are simulated. The engine tests check
+that only the amount of drafting changes (greedy outputs stay identical to plain decoding), that
+drafts skipped for some steps do not break the drafter's KV cache, and that `adaptive: false`
+drafts num_speculative_tokens every step as before.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+
+from tests.vllm.tiny_models import speculative_args, word_prompt
+from vllm_specdiff.plugin import adaptive as adaptive_mod
+from vllm_specdiff.plugin.adaptive import (
+    Acceptance,
+    AdaptiveDrafting,
+    ForgettingLine,
+    Plan,
+    expected_tokens,
+)
+from vllm_specdiff.plugin.config import SpecDiffConfig, parse_specdiff_config
+
+GAMMA = 8
+Cost = Callable[[float], float]
+STEEP: Cost = lambda tokens: 0.030 + 0.0025 * tokens  # noqa: E731 - batch 16 on this CPU
+FLAT: Cost = lambda tokens: 0.036 + 0.0002 * tokens  # noqa: E731 - batch 1
+DRAFTER: Cost = lambda tokens: 0.003 + 0.0003 * tokens  # noqa: E731
+
+
+# ---- the controller on synthetic costs ----------------------------------------------------------
+def _feed(ctrl: AdaptiveDrafting, verifier: Cost, drafter: Cost, alpha: float, rows: int,
+          seed: int = 0) -> None:
+    """Observations as a serving loop produces them: two token counts for the verifier, a few
+    drafter calls, and accepted lengths drawn with per-position acceptance alpha."""
+    rng = random.Random(seed)
+    for step in range(60):
+        tokens = rows * (1 + (GAMMA if step % 4 == 0 else 0))
+        ctrl.observe_verifier(tokens, verifier(tokens))
+        ctrl.observe_drafter(rows * 10 + step % 7, drafter(rows * 10 + step % 7))
+        ctrl.observe_overhead(0.0002)
+        ctrl.observe_accepted([_accepted(rng, alpha, GAMMA) for _ in range(rows)],
+                              [GAMMA] * rows)
+
+
+def _accepted(rng: random.Random, alpha: float, drafted: int) -> int:
+    n = 0
+    while n < drafted and rng.random() < alpha:
+        n += 1
+    return n
+
+
+def test_no_draft_under_steep_verifier_cost_and_low_acceptance():
+    ctrl = AdaptiveDrafting(GAMMA)
+    _feed(ctrl, STEEP, DRAFTER, alpha=0.25, rows=16)
+    g, rates = ctrl.best(16)
+    assert g == 0
+    assert rates[0] > 1.2 * rates[GAMMA]
+
+
+def test_full_gamma_under_flat_cost_and_decent_acceptance():
+    ctrl = AdaptiveDrafting(GAMMA)
+    _feed(ctrl, FLAT, DRAFTER, alpha=0.7, rows=1)
+    g, rates = ctrl.best(1)
+    assert g == GAMMA
+    assert rates[GAMMA] > 2 * rates[0]
+
+
+def test_steep_cost_and_high_acceptance_picks_a_middle_length():
+    ctrl = AdaptiveDrafting(GAMMA)
+    _feed(ctrl, lambda t: 0.036 + 0.0015 * t, DRAFTER, alpha=0.5, rows=4)
+    assert 0 < ctrl.best(4)[0] < GAMMA
+
+
+def test_fresh_controller_drafts_nothing_but_probes_at_once():
+    ctrl = AdaptiveDrafting(GAMMA)
+    assert ctrl.best(16)[0] == 0  # nothing measured: plain steps measure the verifier first
+    assert ctrl.plan(16) == Plan(0, probe_rows=1, probe_gamma=GAMMA)
+    assert ctrl.plan(16) == Plan(0, probe_rows=1, probe_gamma=GAMMA)  # ramp: 1, 8, 64 steps
+    assert ctrl.plan(16) == Plan(0)
+
+
+def _plans(ctrl: AdaptiveDrafting, rows: int, steps: int) -> list[Plan]:
+    return [ctrl.plan(rows) for _ in range(steps)]
+
+
+def test_probes_keep_measuring_when_no_draft_is_chosen():
+    ctrl = AdaptiveDrafting(GAMMA)
+    _feed(ctrl, STEEP, DRAFTER, alpha=0.25, rows=16)
+    plans = _plans(ctrl, 16, 2000)
+    probes = [i for i, p in enumerate(plans) if p.probe_rows]
+    assert all(p.gamma == 0 for p in plans)
+    assert all(plans[i] == Plan(0, probe_rows=1, probe_gamma=GAMMA) for i in probes)
+    assert len(probes) >= 2000 // adaptive_mod.MAX_PROBE_INTERVAL
+    gaps = [b - a for a, b in zip(probes[3:], probes[4:], strict=False)]
+    assert min(gaps) >= adaptive_mod.MIN_PROBE_INTERVAL  # after the ramp, budgeted spacing
+    stats = ctrl.stats()
+    assert stats["steps_without_draft"] == 2000 - len(probes)
+    assert stats["chosen_gamma_histogram"][0] == 2000
+
+
+def test_probes_skip_a_draft_when_full_gamma_is_chosen():
+    ctrl = AdaptiveDrafting(GAMMA)
+    _feed(ctrl, FLAT, DRAFTER, alpha=0.7, rows=1)
+    plans = _plans(ctrl, 1, 500)
+    skipped = [p for p in plans if not p.calls_drafter]
+    assert 500 // adaptive_mod.MAX_PROBE_INTERVAL <= len(skipped) <= 500 // 4
+    assert all(p == Plan(0) for p in skipped)
+    assert all(p == Plan(GAMMA) for p in plans if p.calls_drafter)
+
+
+def test_estimates_follow_the_measurements():
+    line = ForgettingLine()
+    for x in (16, 24, 16, 40, 16, 24) * 5:
+        line.add(x, STEEP(x))
+    a, b = line.coefficients()
+    assert a == pytest.approx(0.030, rel=0.05) and b == pytest.approx(0.0025, rel=0.05)
+    for _ in range(3000):  # the machine got slower: old data are forgotten
+        for x in (16, 24):
+            line.add(x, 2 * STEEP(x))
+    assert line.predict(20) == pytest.approx(2 * STEEP(20), rel=0.02)
+    single = ForgettingLine()
+    single.add(10, 0.05)  # one token count: extrapolated as proportional (pessimistic)
+    assert single.predict(20) == pytest.approx(0.1, rel=0.01)
+
+
+def test_acceptance_counts_only_positions_that_were_drafted():
+    acc = Acceptance(4)
+    prior = acc.alphas()
+    for _ in range(200):
+        acc.add(2, 2)  # drafted 2, accepted both: positions 3, 4 were never verified
+    alphas = acc.alphas()
+    assert alphas[0] > 0.98 and alphas[1] > 0.98
+    assert alphas[2:] == prior[2:]
+    for _ in range(2000):
+        acc.add(0, 4)
+    assert acc.alphas()[0] < 0.02
+
+
+def test_expected_tokens():
+    assert expected_tokens([0.5, 0.5, 0.5], 0) == 1.0
+    assert expected_tokens([0.5, 0.5, 0.5], 2) == pytest.approx(1.75)
+    assert expected_tokens([1.0] * 8, 8) == 9.0
+
+
+def test_tries_choose_between_no_draft_and_the_full_trie():
+    ctrl = AdaptiveDrafting(GAMMA, full_tokens=16, chain_choices=False)
+    _feed(ctrl, FLAT, DRAFTER, alpha=0.6, rows=1)
+    assert set(ctrl.rates(1)) == {0, GAMMA}
+    assert all(p.gamma in (0, GAMMA) for p in _plans(ctrl, 1, 300))
+
+
+def _serve(rows: int, verifier: Cost, alpha: float, steps: int, fixed: int | None = None,
+           seed: int = 0) -> float:
+    """Committed tokens per simulated second: the controller (fixed None) or a fixed gamma
+    serving `rows` rows; the drafter re-encodes the tokens a row committed since its last draft."""
+    rng = random.Random(seed)
+    ctrl = AdaptiveDrafting(GAMMA)
+    since = [200] * rows  # the prompt: encoded by the drafter on a row's first draft
+    seconds = tokens = 0.0
+    for _ in range(steps):
+        lengths = [GAMMA if fixed is None else fixed] * rows
+        if fixed is None:
+            plan = ctrl.plan(rows)
+            lengths = [plan.gamma] * rows
+            for i in sorted(range(rows), key=lambda i: since[i])[: plan.probe_rows]:
+                lengths[i] = plan.probe_gamma
+        encoded = sum(s + n for s, n in zip(since, lengths, strict=True) if n)
+        draft_s = DRAFTER(encoded) if encoded else 0.0
+        verified = sum(1 + n for n in lengths)
+        verify_s = verifier(verified) * (1 + 0.03 * rng.gauss(0, 1))
+        accepted = [_accepted(rng, alpha, n) for n in lengths]
+        if fixed is None:
+            ctrl.observe_drafter(encoded, draft_s) if encoded else ctrl.observe_overhead(1e-4)
+            ctrl.observe_verifier(verified, verify_s)
+            ctrl.observe_accepted([a for a, n in zip(accepted, lengths, strict=True) if n],
+                                  [n for n in lengths if n])
+        since = [a + 1 if n else s + 1 for a, n, s in zip(accepted, lengths, since, strict=True)]
+        seconds += verify_s + draft_s
+        tokens += sum(a + 1 for a in accepted)
+    return tokens / seconds
+
+
+def test_closed_loop_batch16_stays_near_plain_and_beats_fixed_gamma():
+    plain = _serve(16, STEEP, 0.25, 400, fixed=0)
+    adaptive = _serve(16, STEEP, 0.25, 400)
+    assert adaptive >= 0.97 * plain
+    assert adaptive > 1.3 * _serve(16, STEEP, 0.25, 400, fixed=GAMMA)
+
+
+def test_closed_loop_batch1_is_close_to_the_best_fixed_gamma():
+    best = max(_serve(1, FLAT, 0.6, 400, fixed=g) for g in (2, 4, 8))
+    assert _serve(1, FLAT, 0.6, 400) >= 0.97 * best
+    assert _serve(1, FLAT, 0.6, 400) > 1.5 * _serve(1, FLAT, 0.6, 400, fixed=0)
+
+
+# ---- the option ---------------------------------------------------------------------------------
+def test_adaptive_option_defaults_on_and_takes_only_booleans():
+    assert SpecDiffConfig().adaptive is True
+    assert parse_specdiff_config({"specdiff": {"adaptive": False}}).adaptive is False
+    for bad in (1, 0, "false", None):
+        with pytest.raises(ValueError, match=r"\['adaptive'\] must be true or false"):
+            parse_specdiff_config({"specdiff": {"adaptive": bad}})
+
+
+# ---- inside vLLM --------------------------------------------------------------------------------
+MAX_NUM_SEQS = 4
+ENGINE_GAMMA = 4
+
+
+def _engine_kwargs(model) -> dict:
+    # a small KV cache: more prompts than max_num_seqs force reordering and preemption
+    return dict(model=str(model), max_model_len=256, max_num_seqs=MAX_NUM_SEQS, seed=0,
+                kv_cache_memory_bytes=200_000, dtype="float32", enforce_eager=True,
+                disable_log_stats=False)
+
+
+@pytest.fixture(scope="module")
+def plain_engine(tiny_verifier):
+    from vllm import LLM
+
+    return LLM(**_engine_kwargs(tiny_verifier))
+
+
+@pytest.fixture(scope="module")
+def adaptive_engine(tiny_verifier, tiny_drafter):
+    """The default: adaptive on. float32, so the full-depth drafter's first token is exactly the
+    verifier's. Tests request it after `plain_outputs`: vLLM's Prometheus counters read in this
+    process are those of the engine built last."""
+    from vllm import LLM
+
+    return LLM(**_engine_kwargs(tiny_verifier),
+               **speculative_args(tiny_drafter, gamma=ENGINE_GAMMA, quantize="none"))
+
+
+@pytest.fixture(scope="module")
+def fixed_engine(tiny_verifier, tiny_drafter):
+    """adaptive: false (built by the last test, see `adaptive_engine`)."""
+    from vllm import LLM
+
+    return LLM(**_engine_kwargs(tiny_verifier),
+               **speculative_args(tiny_drafter, gamma=ENGINE_GAMMA, quantize="none",
+                                  adaptive=False))
+
+
+def _prompts() -> list[str]:
+    return [word_prompt(500 + i, 5 + 13 * i) for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(plain_engine):
+    return _generate(plain_engine)
+
+
+def _generate(llm) -> list:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=48)
+    return [o.outputs[0].token_ids for o in llm.generate(_prompts(), params, use_tqdm=False)]
+
+
+def _fresh_stats(llm) -> tuple[dict, dict]:
+    """(vLLM's spec-decode counters, the proposer's stats) of one greedy run of _prompts()."""
+    from vllm_specdiff.plugin.engine import (
+        reset_specdiff_stats,
+        specdiff_stats,
+        vllm_spec_decode_counters,
+    )
+
+    before = vllm_spec_decode_counters(llm)
+    reset_specdiff_stats(llm)
+    outputs = _generate(llm)
+    stats = specdiff_stats(llm)
+    counters = {k: v - before.get(k, 0) for k, v in stats["vllm"].items()
+                if isinstance(v, int | float)}
+    return {"outputs": outputs, **counters}, stats["proposer"]
+
+
+def _preemptions(llm) -> float:
+    return sum(getattr(m, "value", 0) or 0 for m in llm.get_metrics()
+               if m.name == "vllm:num_preemptions")
+
+
+def test_adaptive_greedy_outputs_identical(plain_outputs, adaptive_engine):
+    preempted = _preemptions(adaptive_engine)
+    counters, ours = _fresh_stats(adaptive_engine)
+    assert counters["outputs"] == plain_outputs
+    assert _preemptions(adaptive_engine) > preempted, "no preemption happened"
+    adaptive = ours["adaptive"]
+    assert adaptive["enabled"] is True
+    assert sum(adaptive["chosen_gamma_histogram"]) == adaptive["steps"] > 0
+    assert adaptive["verifier_ms"]["per_token"] >= 0
+    # our accepted counts still agree with vLLM's whatever the draft lengths were
+    assert ours["verify_steps"] == counters["num_drafts"]
+    assert ours["drafted_tokens"] == counters["num_draft_tokens"]
+
+
+def _cycling_plans(pattern: list[Plan]) -> Callable:
+    state = {"step": 0}
+
+    def plan(self: AdaptiveDrafting, rows: int) -> Plan:
+        state["step"] += 1
+        return pattern[state["step"] % len(pattern)]
+
+    return plan
+
+
+def test_skipped_and_shortened_drafts_keep_outputs_and_drafter_cache_exact(plain_outputs,
+                                                                           adaptive_engine,
+                                                                           monkeypatch):
+    """Steps with no draft, shorter drafts and one-row probes: the drafter's KV pool catches up
+    on the context it did not see, so the full-depth drafter's first token stays the verifier's
+    greedy token on every drafted step (a stale or misaligned cache would break that)."""
+    pattern = [Plan(0), Plan(0), Plan(ENGINE_GAMMA), Plan(0), Plan(2),
+               Plan(0, probe_rows=1, probe_gamma=ENGINE_GAMMA), Plan(1), Plan(0), Plan(0)]
+    monkeypatch.setattr(AdaptiveDrafting, "plan", _cycling_plans(pattern))
+    counters, ours = _fresh_stats(adaptive_engine)
+    assert counters["outputs"] == plain_outputs
+    assert counters["num_drafts"] > 20
+    assert 0 < counters["num_draft_tokens"] < ENGINE_GAMMA * counters["num_drafts"]
+    assert counters["num_accepted_tokens"] >= counters["num_drafts"]
+    assert ours["per_position_acceptance"][0] == 1.0
+    assert ours["verify_steps"] == counters["num_drafts"]
+    assert ours["drafted_tokens"] == counters["num_draft_tokens"]
+    assert ours["accepted_length_histogram"][0] == 0
+    assert len(ours["accepted_length_histogram"]) == ENGINE_GAMMA + 1
+
+
+def test_adaptive_off_drafts_gamma_every_step(plain_outputs, fixed_engine):
+    counters, ours = _fresh_stats(fixed_engine)
+    assert counters["outputs"] == plain_outputs
+    assert ours["adaptive"] == {"enabled": False}
+    assert counters["num_drafts"] > 0
+    assert counters["num_draft_tokens"] == ENGINE_GAMMA * counters["num_drafts"]
+    assert ours["verify_steps"] == counters["num_drafts"]
+
+
+def test_tries_with_skipped_steps_keep_greedy_outputs(plain_outputs, tiny_verifier, tiny_drafter,
+                                                      monkeypatch):
+    """K = 2: steps with no draft, full tries and one-row probes; outputs stay plain decoding's
+    and the trie steps are verified (adaptive with K > 1 chooses only 0 or the full trie)."""
+    from vllm import LLM
+
+    from vllm_specdiff.plugin.config import TREE_WORKER
+
+    pattern = [Plan(0), Plan(ENGINE_GAMMA), Plan(0, probe_rows=1, probe_gamma=ENGINE_GAMMA),
+               Plan(0), Plan(ENGINE_GAMMA), Plan(ENGINE_GAMMA)]
+    monkeypatch.setattr(AdaptiveDrafting, "plan", _cycling_plans(pattern))
+    llm = LLM(**_engine_kwargs(tiny_verifier), worker_cls=TREE_WORKER, async_scheduling=False,
+              **speculative_args(tiny_drafter, gamma=ENGINE_GAMMA, quantize="none", K=2,
+                                 drafter_temperature=1.5, max_tree_tokens=2 * ENGINE_GAMMA + 1))
+    assert _generate(llm) == plain_outputs
+    stats = llm.collective_rpc(_proposer_stats)[0]
+    assert stats["tree"]["steps"] > 10
+    assert stats["adaptive"]["enabled"] is True
+    # the measured trie size (shared prefixes merge), moved from its start at max_tree_tokens - 1
+    assert ENGINE_GAMMA < stats["adaptive"]["full_draft_tokens"] < 2 * ENGINE_GAMMA
+
+
+def _proposer_stats(worker) -> dict:
+    return getattr(worker, "worker", worker).model_runner.drafter.get_stats()

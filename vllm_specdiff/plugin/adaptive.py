@@ -1,0 +1,325 @@
+"""Adaptive draft length: how many tokens to draft this step, from costs measured while serving.
+
+Drafting g tokens per row pays only when the extra committed tokens outweigh what they cost: at
+batch 16 on a CPU the verifier step is compute-bound (its cost grows with the tokens scheduled)
+and a weak drafter is accepted rarely, so fixed gamma runs slower than plain decoding; at batch 1
+the step cost is nearly flat in tokens and full gamma pays whenever the drafter is accepted at all.
+
+`AdaptiveDrafting` keeps three online estimates, each forgetting old data exponentially:
+
+- the verifier step cost as a line a + b * tokens (`ForgettingLine`), tokens = sum over rows of
+  1 + draft tokens, fitted to the time between two proposer calls minus the proposer's own time;
+- the drafter's cost per call as a line in the tokens it encodes (catch-up context + draft);
+- per-position acceptance alpha_j = P(position j accepted | 1..j-1 accepted), from a Beta prior
+  and the accepted lengths the proposer records.
+
+Each step it picks the g in 0..gamma that maximises expected committed tokens per second,
+B * E(g) / cost(g) with E(g) = 1 + sum_{j<=g} prod_{i<=j} alpha_i and
+cost(g) = verifier(B + B * g) + drafter (only if g > 0). g = 0 means the drafter is not called.
+A probe step now and then keeps every estimate measured: when g < gamma, one row drafts the full
+gamma (acceptance of every position, a second token count for the verifier line, the drafter's
+cost); when g = gamma, one step drafts nothing (the verifier's cost without drafts). Probes are
+spaced so their expected loss stays near `PROBE_BUDGET` of the serving time.
+
+Plain Python and torch-free arithmetic: no vLLM import, testable with synthetic costs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# Forgetting factor per observation: memory of ~200 steps (costs) or drafted rows (acceptance).
+FORGET = 0.995
+# Weight of the pseudo-observation (0, 0) that pins a line when all data sit at one token count:
+# the cost is then extrapolated as proportional to tokens (pessimistic for drafting).
+PRIOR_WEIGHT = 0.05
+# Beta prior of each position's acceptance: mean and pseudo-count.
+PRIOR_ACCEPTANCE = 0.5
+PRIOR_COUNT = 2.0
+# Fraction of serving time the probes may cost (expected), and the bounds of their spacing.
+PROBE_BUDGET = 0.005
+MIN_PROBE_INTERVAL = 8
+MAX_PROBE_INTERVAL = 256
+# The first probes come after 1, 4, 16, ... steps (capped by the budgeted interval), so a fresh
+# engine learns its costs within a few steps.
+RAMP_BASE = 8
+# A cost sample above this multiple of the current prediction is clipped to it (pauses, GC).
+CLIP_FACTOR = 3.0
+
+
+@dataclass
+class ForgettingLine:
+    """Weighted least-squares line y = a + b * x with exponential forgetting and a fixed
+    pseudo-observation at the origin (so one distinct x still gives a line: proportional)."""
+
+    forget: float = FORGET
+    prior_weight: float = PRIOR_WEIGHT
+    s0: float = 0.0
+    sx: float = 0.0
+    sxx: float = 0.0
+    sy: float = 0.0
+    sxy: float = 0.0
+
+    def add(self, x: float, y: float) -> None:
+        """Forget a little of the old data, then add one observation."""
+        f = self.forget
+        self.s0, self.sx, self.sxx = f * self.s0 + 1.0, f * self.sx + x, f * self.sxx + x * x
+        self.sy, self.sxy = f * self.sy + y, f * self.sxy + x * y
+
+    @property
+    def weight(self) -> float:
+        """Effective number of observations behind the fit."""
+        return self.s0
+
+    def coefficients(self) -> tuple[float, float] | None:
+        """(a, b) with b >= 0 (cost never falls with tokens); None before any data."""
+        if self.s0 <= 0.0:
+            return None
+        s0 = self.s0 + self.prior_weight  # the origin adds weight only (x = y = 0)
+        mx, my = self.sx / s0, self.sy / s0
+        var = self.sxx / s0 - mx * mx
+        cov = self.sxy / s0 - mx * my
+        b = max(cov / var, 0.0) if var > 1e-12 else (my / mx if mx > 0 else 0.0)
+        return my - b * mx, b
+
+    def predict(self, x: float) -> float | None:
+        coef = self.coefficients()
+        if coef is None:
+            return None
+        a, b = coef
+        return max(a + b * x, 1e-6)
+
+
+@dataclass
+class Acceptance:
+    """Per-position acceptance with a Beta prior and forgetting per drafted row."""
+
+    depth: int
+    forget: float = FORGET
+    reached: list[float] = field(default_factory=list)
+    accepted: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.reached = [0.0] * self.depth
+        self.accepted = [0.0] * self.depth
+
+    def add(self, accepted: int, drafted: int) -> None:
+        """One verified row: `accepted` of its `drafted` tokens (positions reached: accepted + 1,
+        capped by drafted)."""
+        f = self.forget
+        self.reached = [f * r for r in self.reached]
+        self.accepted = [f * a for a in self.accepted]
+        for j in range(min(accepted + 1, drafted, self.depth)):
+            self.reached[j] += 1.0
+        for j in range(min(accepted, self.depth)):
+            self.accepted[j] += 1.0
+
+    def alphas(self) -> list[float]:
+        return [(a + PRIOR_COUNT * PRIOR_ACCEPTANCE) / (r + PRIOR_COUNT)
+                for a, r in zip(self.accepted, self.reached, strict=True)]
+
+
+def expected_tokens(alphas: list[float], g: int) -> float:
+    """Committed tokens per row when drafting g: 1 + sum_{j<=g} prod_{i<=j} alpha_i."""
+    total, run = 1.0, 1.0
+    for alpha in alphas[:g]:
+        run *= alpha
+        total += run
+    return total
+
+
+@dataclass(frozen=True)
+class Plan:
+    """This step's drafting: `gamma` tokens per row, except `probe_rows` rows drafting
+    `probe_gamma` instead (a probe)."""
+
+    gamma: int
+    probe_rows: int = 0
+    probe_gamma: int = 0
+
+    @property
+    def calls_drafter(self) -> bool:
+        return self.gamma > 0 or (self.probe_rows > 0 and self.probe_gamma > 0)
+
+
+class AdaptiveDrafting:
+    """Chooses the draft length per step (see the module docstring).
+
+    `full_tokens`: verifier tokens per row of a full draft (gamma for chains; a trie's nodes for
+    K > 1). `chain_choices`: whether lengths between 0 and gamma are allowed (K > 1: no, only
+    no draft or the full trie).
+    """
+
+    def __init__(self, gamma: int, full_tokens: float | None = None,
+                 chain_choices: bool = True) -> None:
+        self.gamma = gamma
+        self.full_tokens = float(gamma if full_tokens is None else full_tokens)
+        self.choices = list(range(gamma + 1)) if chain_choices else [0, gamma]
+        self.verifier = ForgettingLine()
+        self.drafter = ForgettingLine()
+        self.acceptance = Acceptance(gamma)
+        self.overhead = 0.0  # seconds of a proposer call that does not run the drafter
+        self.steps = 0
+        self.probes_done = 0
+        self.next_probe = 1
+        self.probe_interval = 1
+        self.last_gamma = gamma
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        """Zero what `stats` reports as counts; the learned costs and acceptance stay."""
+        self.histogram = [0] * (self.gamma + 1)
+        self.no_draft_steps = 0
+        self.probe_steps = 0
+
+    # ---- observations ---------------------------------------------------------------------------
+    def observe_verifier(self, tokens: int, seconds: float) -> None:
+        """One verifier step that scheduled `tokens` tokens (decode rows only)."""
+        self.verifier.add(float(tokens), self._clipped(self.verifier, tokens, seconds))
+
+    def observe_drafter(self, tokens: int, seconds: float) -> None:
+        """One proposer call that ran the drafter over `tokens` tokens (context + draft); the
+        call's own overhead (`observe_overhead`) is not the drafter's."""
+        seconds = max(seconds - self.overhead, 0.0)
+        self.drafter.add(float(tokens), self._clipped(self.drafter, tokens, seconds))
+
+    def observe_overhead(self, seconds: float) -> None:
+        """One proposer call that did not run the drafter (its bookkeeping, paid every step)."""
+        self.overhead = seconds if self.overhead == 0.0 else 0.9 * self.overhead + 0.1 * seconds
+
+    def observe_accepted(self, accepted: list[int], drafted: list[int]) -> None:
+        for a, d in zip(accepted, drafted, strict=True):
+            self.acceptance.add(a, d)
+
+    def observe_full_tokens(self, tokens: float) -> None:
+        """Mean verifier tokens per row of this step's full drafts (trie sizes for K > 1)."""
+        self.full_tokens = 0.9 * self.full_tokens + 0.1 * tokens
+
+    @staticmethod
+    def _clipped(line: ForgettingLine, x: float, y: float) -> float:
+        predicted = line.predict(x) if line.weight >= 5 else None
+        return y if predicted is None else min(y, CLIP_FACTOR * predicted)
+
+    # ---- decisions ------------------------------------------------------------------------------
+    def draft_tokens(self, g: int) -> float:
+        return self.full_tokens if g == self.gamma else float(g)
+
+    def step_cost(self, rows: int, g: int, alphas: list[float]) -> float | None:
+        """Predicted seconds of one step drafting g for all `rows` rows (None: nothing
+        measured yet)."""
+        tokens = self.draft_tokens(g)
+        verify = self.verifier.predict(rows * (1.0 + tokens))
+        if verify is None:
+            return None
+        cost = verify + self.overhead
+        if g > 0:  # steady state: each row encodes its 1 + accepted new tokens plus the draft
+            draft = self.drafter.predict(rows * (expected_tokens(alphas, g) + g))
+            cost += math.inf if draft is None else draft  # drafter not measured yet: probe first
+        return cost
+
+    def rates(self, rows: int) -> dict[int, float]:
+        """Expected committed tokens per second for each allowed g (empty before any data)."""
+        alphas = self.acceptance.alphas()
+        out = {}
+        for g in self.choices:
+            cost = self.step_cost(rows, g, alphas)
+            if cost is None:
+                return {}
+            out[g] = rows * expected_tokens(alphas, g) / cost
+        return out
+
+    def best(self, rows: int) -> tuple[int, dict[int, float]]:
+        """The g with the highest rate (ties: the shorter draft); 0 before anything is
+        measured (plain steps measure the verifier first)."""
+        rates = self.rates(rows)
+        if not rates:
+            return 0, rates
+        return max(rates, key=lambda g: (rates[g], -g)), rates
+
+    def plan(self, rows: int) -> Plan:
+        """This step's plan for `rows` decode rows: the best g, or a probe when one is due."""
+        self.steps += 1
+        g, rates = self.best(rows)
+        self.last_gamma = g
+        self.histogram[g] += 1
+        plan = Plan(g)
+        if rows > 0 and self.steps >= self.next_probe:
+            plan = Plan(0) if g == self.gamma else Plan(g, probe_rows=1, probe_gamma=self.gamma)
+            self._schedule_next_probe(rows, g, plan, rates)
+        if not plan.calls_drafter:
+            self.no_draft_steps += 1
+        return plan
+
+    def _schedule_next_probe(self, rows: int, g: int, plan: Plan,
+                             rates: dict[int, float]) -> None:
+        """Space probes so their expected loss (time beyond what the same tokens would take at
+        the chosen rate) stays near PROBE_BUDGET of the serving time; ramp up from 1 step."""
+        self.probe_steps += 1
+        self.probes_done += 1
+        interval = MAX_PROBE_INTERVAL
+        loss = self._probe_loss(rows, g, plan, rates)
+        cost = self.step_cost(rows, g, self.acceptance.alphas())
+        if loss is not None and cost and math.isfinite(cost):
+            interval = math.ceil(loss / (PROBE_BUDGET * cost)) if loss > 0 else MIN_PROBE_INTERVAL
+            interval = min(max(interval, MIN_PROBE_INTERVAL), MAX_PROBE_INTERVAL)
+        interval = min(interval, RAMP_BASE ** (self.probes_done - 1))
+        self.probe_interval = interval
+        self.next_probe = self.steps + interval
+
+    def _probe_loss(self, rows: int, g: int, plan: Plan, rates: dict[int, float]
+                    ) -> float | None:
+        """Predicted seconds a probe step costs beyond its tokens' worth at the chosen rate."""
+        if rates.get(g, 0.0) <= 0.0:
+            return None
+        alphas = self.acceptance.alphas()
+        if plan.probe_rows == 0:  # a step without drafts
+            cost = self.step_cost(rows, 0, alphas)
+            return None if cost is None else cost - rows / rates[g]
+        others = rows - plan.probe_rows
+        verify = self.verifier.predict(others * (1.0 + self.draft_tokens(g))
+                                       + plan.probe_rows * (1.0 + self.full_tokens))
+        # a probe row has not been drafted for about a probe interval when g = 0
+        catch_up = self.probe_interval if g == 0 else expected_tokens(alphas, g)
+        encoded = plan.probe_rows * (catch_up + self.gamma)
+        if g > 0:
+            encoded += others * (expected_tokens(alphas, g) + g)
+        draft = self.drafter.predict(encoded)
+        if verify is None or draft is None:
+            return None
+        tokens = others * expected_tokens(alphas, g) \
+            + plan.probe_rows * expected_tokens(alphas, self.gamma)
+        return verify + draft + self.overhead - tokens / rates[g]
+
+    # ---- reporting ------------------------------------------------------------------------------
+    def summary(self) -> str:
+        """One log line: chosen gamma histogram, steps without a draft, the fitted costs."""
+        va, da = self.verifier.coefficients(), self.drafter.coefficients()
+        fit = "verifier not measured yet" if va is None else \
+            f"verifier {1000 * va[0]:.1f} ms + {1000 * va[1]:.2f} ms/token"
+        if da is not None:
+            fit += f", drafter {1000 * da[0]:.1f} ms + {1000 * da[1]:.2f} ms/token"
+        alphas = ", ".join(f"{a:.2f}" for a in self.acceptance.alphas())
+        return (f"gamma histogram {self.histogram} (last {self.last_gamma}), "
+                f"{self.no_draft_steps} of {sum(self.histogram)} steps without draft, "
+                f"{self.probe_steps} probes (every {self.probe_interval}), {fit}, "
+                f"acceptance [{alphas}]")
+
+    def stats(self) -> dict[str, object]:
+        va = self.verifier.coefficients()
+        da = self.drafter.coefficients()
+        return {
+            "enabled": True,
+            "chosen_gamma_histogram": list(self.histogram),
+            "steps": sum(self.histogram),
+            "steps_without_draft": self.no_draft_steps,
+            "probe_steps": self.probe_steps,
+            "probe_interval": self.probe_interval,
+            "last_gamma": self.last_gamma,
+            "verifier_ms": None if va is None else
+            {"intercept": 1000.0 * va[0], "per_token": 1000.0 * va[1]},
+            "drafter_ms": None if da is None else
+            {"intercept": 1000.0 * da[0], "per_token": 1000.0 * da[1]},
+            "acceptance_estimate": self.acceptance.alphas(),
+            "full_draft_tokens": self.full_tokens,
+        }
