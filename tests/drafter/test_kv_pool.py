@@ -193,3 +193,21 @@ def test_window_keeps_the_cache_hitting(base_dir):
     assert stats["miss_tokens"] <= 3 * window + 2 * committed + 3 * 30
     # storage: the window plus the draft block's scratch
     assert max(e.capacity for e in cached.pool.entries.values()) <= window + GAMMA
+
+
+def test_cache_follows_a_cast_drafter(base_dir):
+    """Entries cached in float32 are converted when the drafter is cast to bfloat16 (attention
+    needs one dtype): drafting goes on and agrees with a drafter cast before any caching."""
+    cached = _drafter(base_dir, cache_size=4)
+    seq = _tokens(torch.Generator().manual_seed(4), 30)
+    cached.draft_logits([seq], GAMMA)
+    fresh = _drafter(base_dir, cache_size=0)
+    for drafter in (cached, fresh):
+        drafter.to(torch.bfloat16)
+        drafter.model.reset_rotary()
+    longer = torch.cat([seq, torch.tensor([3, 5])])
+    got = cached.draft_logits([longer], GAMMA)
+    assert cached.cache_stats()["hit_tokens"] == 30
+    (entry,) = cached.pool.entries.values()
+    assert entry.kv.dtype == torch.bfloat16
+    torch.testing.assert_close(got, fresh.draft_logits([longer], GAMMA), atol=0.2, rtol=0.05)

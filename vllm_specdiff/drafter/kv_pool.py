@@ -77,8 +77,9 @@ class KVEntry:
         token while little of the byte budget is held empty, and never past `max_capacity` (the
         longest context plus draft block the drafter accepts) unless needed.
         """
-        if self.kv is not None and need <= self.capacity:
-            return
+        if self.kv is not None and need <= self.capacity and self.kv.dtype == layout.dtype \
+                and self.kv.device == layout.device:
+            return  # (a drafter moved or cast since caching re-allocates, converting the cache)
         cap = max(need + 64, need + need // 4)
         cap = max(need, cap if max_capacity is None else min(cap, max_capacity))
         grown = np.zeros(cap, dtype=np.int64)
