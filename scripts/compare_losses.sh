@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Streak-distillation measured, not assumed (issue 9 item 4): from ONE starting drafter and the
+# same budget, continue training with each loss (mdm, position-avg, streak, streak-soft), then
+# evaluate the start and every result on the same held-out windows: expected accepted length
+# (T_d = 1 drafts against the T = 1 verifier), greedy accepted length and the per-position
+# acceptance curves (the paper's Figure 2), as JSON + PNG.
+#
+#   bash scripts/compare_losses.sh [START_CHECKPOINT] [RESULT_JSON]
+#
+# START_CHECKPOINT: a checkpoint of the default drafter's run (default: its latest).
+# RESULT_JSON: default benchmarks/results/<today>/loss_comparison.json (PNG beside it).
+# SPECDIFF_COMPARE_STEPS (default 200) optimizer steps per loss; SPECDIFF_COMPARE_PARALLEL
+# (default 2) runs at a time, one torch thread each. Runs land in $SPECDIFF_CACHE_DIR/runs/.
+# The training settings are the default drafter's (scripts/train_default_drafter.sh) except
+# the loss, the warm-up (none: the start is trained) and the step count.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
+CACHE="${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}"
+NICE="nice -n ${SPECDIFF_NICE:-19}"
+STEPS="${SPECDIFF_COMPARE_STEPS:-200}"
+PARALLEL="${SPECDIFF_COMPARE_PARALLEL:-2}"
+RUN="$CACHE/runs/default-drafter"
+START="${1:-$(ls -d "$RUN"/checkpoints/step-* | sort | tail -n 1)}"
+RESULT="${2:-$ROOT/benchmarks/results/$(date -u +%F)/loss_comparison.json}"
+V="$("$BIN/vllm-specdiff" models | sed -n 's/^verifier: //p')"
+LOSSES=(mdm position-avg streak streak-soft)
+TAG="from-$(basename "$START")"
+START_DIR="$CACHE/drafters/compare-$TAG"
+
+if [ ! -f "$START_DIR/model.safetensors" ]; then  # the checkpoint as a full drafter directory
+  "$BIN/specdiff-distill" export --run "$START" --verifier "$V" --output "$START_DIR.slim"
+  "$BIN/python" -c 'import sys
+from vllm_specdiff.drafter.slim import expand_checkpoint
+expand_checkpoint(sys.argv[1], sys.argv[2], sys.argv[3])' "$START_DIR.slim" "$V" "$START_DIR"
+fi
+
+train() {  # LOSS
+  env OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" train --data "$CACHE/data/greedy" \
+    --output "$CACHE/runs/compare-$TAG-$1" --drafter "$START_DIR" --finetune full \
+    --freeze-params 'embed_tokens,layers\.0\.,lm_head' --loss "$1" --gamma 8 \
+    --windows-per-seq 16 --batch-size 4 --steps "$STEPS" --lr 3e-4 --warmup-steps 0 \
+    --schedule constant --max-length 640 --heldout-fraction 0.05 --save-every 50 \
+    --eval-every 50 --eval-windows 256 > "$CACHE/logs/compare-$TAG-$1.log" 2>&1
+}
+mkdir -p "$CACHE/logs"
+for loss in "${LOSSES[@]}"; do
+  train "$loss" &
+  while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do sleep 5; done
+done
+wait
+
+CANDIDATES=(--candidate "start=$START_DIR")
+for loss in "${LOSSES[@]}"; do CANDIDATES+=(--candidate "$loss=$CACHE/runs/compare-$TAG-$loss"); done
+mkdir -p "$(dirname "$RESULT")"
+$NICE "$BIN/specdiff-distill" eval --data "$CACHE/data/greedy" --verifier "$V" "${CANDIDATES[@]}" \
+  --gamma 8 --max-windows 512 --heldout-fraction 0.05 --output "$RESULT"
