@@ -206,6 +206,46 @@ def test_adaptive_option_defaults_on_and_takes_only_booleans():
             parse_specdiff_config({"specdiff": {"adaptive": bad}})
 
 
+# ---- the proposer's wiring (no engine) ----------------------------------------------------------
+def test_proposer_feeds_the_controller_and_skips_the_drafter(tiny_drafter, monkeypatch):
+    """g = 0 does not call the drafter; the verifier is timed against the tokens it verified
+    (rows + their drafts) and the drafter against the tokens it encoded (unseen context +
+    draft); a prefill step (a new row) is not a verifier sample."""
+    import numpy as np
+
+    from tests.vllm.test_options import _proposer
+
+    plans = iter([Plan(4), Plan(0), Plan(0), Plan(0, probe_rows=1, probe_gamma=4), Plan(0)])
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows: next(plans))
+    seen: dict[str, list] = {"verifier": [], "drafter": []}
+    monkeypatch.setattr(AdaptiveDrafting, "observe_verifier",
+                        lambda self, tokens, s: seen["verifier"].append(tokens))
+    monkeypatch.setattr(AdaptiveDrafting, "observe_drafter",
+                        lambda self, tokens, s: seen["drafter"].append(tokens))
+    proposer = _proposer(tiny_drafter, 256, gamma=4)
+    proposer.load_model(None)
+    calls = []
+    draft_logits = proposer.drafter.draft_logits
+    proposer.drafter.draft_logits = lambda ctx, n, **kw: calls.append(len(ctx)) or draft_logits(
+        ctx, n, **kw)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(5, 300, size=(3, 256))
+    lengths = np.array([10, 20, 30])
+    out = []
+    for _ in range(5):
+        drafts = proposer.propose([[int(tokens[r, lengths[r] - 1])] for r in range(3)],
+                                  lengths.copy(), tokens)
+        out.append([len(d) for d in drafts])
+        lengths = lengths + 1  # each row commits one token (no draft accepted)
+    assert out == [[4, 4, 4], [0, 0, 0], [0, 0, 0], [4, 0, 0], [0, 0, 0]]
+    assert calls == [3, 1]  # the drafter ran only on the two drafting steps
+    # step 1 prefilled (no sample); then 3 rows + 12 draft tokens, 3, 3, 3 + 4
+    assert seen["verifier"] == [15, 3, 3, 7]
+    # 10 + 20 + 30 unseen context tokens + 3 drafts of 4; the probe row caught up on 3 tokens
+    assert seen["drafter"] == [72, 3 + 4]
+    assert proposer.get_stats()["verify_steps"] == 4  # the drafted rows of steps 1 and 4
+
+
 # ---- inside vLLM --------------------------------------------------------------------------------
 MAX_NUM_SEQS = 4
 ENGINE_GAMMA = 4

@@ -89,7 +89,7 @@ def test_propose_shortens_drafts_at_the_limit(short_drafter, max_model_len, wind
     from tests.vllm.test_options import _proposer
 
     options = {} if window is None else {"context_window": window}
-    proposer = _proposer(short_drafter, max_model_len, gamma=4, **options)
+    proposer = _proposer(short_drafter, max_model_len, gamma=4, adaptive=False, **options)
     proposer.load_model(None)
     lengths = [100, 252, 253, 255, 256]
     tokens = np.zeros((len(lengths), LIMIT), dtype=np.int64)

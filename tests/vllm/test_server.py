@@ -143,7 +143,7 @@ def test_metrics_show_spec_decode_counters(server):
     accepted = _metric(text, "vllm:spec_decode_num_accepted_tokens_total")
     first = _metric(text, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="0")
     assert drafts > 0
-    assert draft_tokens == GAMMA * drafts
+    assert drafts <= draft_tokens <= GAMMA * drafts  # adaptive drafting: 1..GAMMA per draft
     assert 0 < accepted <= draft_tokens
     assert first > 0
     time.sleep(1.0)

@@ -33,8 +33,11 @@ def _rank_proposer(drafter, seed: int) -> Any:  # noqa: ANN401
     vocab = load_drafter(str(drafter)).vocab_size
     cfg = SimpleNamespace(
         speculative_config=SimpleNamespace(num_speculative_tokens=GAMMA),
+        # fixed gamma: with adaptive drafting the ranks share rank 0's plan through the TP group
+        # (the TP=2 engine test below), which these stand-alone proposers do not have
         additional_config={"specdiff": {"drafter": str(drafter), "log_interval": 0,
-                                        "drafter_temperature": 1.0, "seed": seed}},
+                                        "drafter_temperature": 1.0, "seed": seed,
+                                        "adaptive": False}},
         model_config=SimpleNamespace(model="tiny-verifier", max_model_len=256,
                                      get_vocab_size=lambda: vocab, skip_tokenizer_init=True),
         scheduler_config=SimpleNamespace(max_num_seqs=4))

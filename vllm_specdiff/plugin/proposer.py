@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
-from vllm_specdiff.plugin.adaptive import AdaptiveDrafting
+from vllm_specdiff.plugin.adaptive import AdaptiveDrafting, Plan
 from vllm_specdiff.plugin.candidates import candidate_drafts, ngram_draft
 from vllm_specdiff.plugin.config import (
     TREE_WORKER,
@@ -100,6 +100,8 @@ class SpecDiffProposer:
         self.verifier_vocab_size = int(model_config.get_vocab_size())
         self.model_config = model_config
         max_num_seqs = int(vllm_config.scheduler_config.max_num_seqs)
+        parallel = getattr(vllm_config, "parallel_config", None)
+        self.tp_size = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
         self.cache_size = self.config.cache_size or max(16, 2 * max_num_seqs)
         self.drafter: Any = None
         self.drafter_path: str | None = None
@@ -253,7 +255,7 @@ class SpecDiffProposer:
             return rooms
         if verified is not None and self._last_end is not None:
             self.adaptive.observe_verifier(verified, start - self._last_end)
-        plan = self.adaptive.plan(len(decoded))
+        plan = self._rank0_plan(len(decoded))
         lengths = [min(room, plan.gamma) for room in rooms]
         # probe the rows the drafter saw last: the least context to catch up on
         order = sorted(range(len(decoded)),
@@ -261,6 +263,19 @@ class SpecDiffProposer:
         for j in order[: plan.probe_rows]:
             lengths[j] = min(rooms[j], plan.probe_gamma)
         return lengths
+
+    def _rank0_plan(self, rows: int) -> Plan:
+        """The controller's plan; with tensor parallelism, rank 0's (the rank whose drafts vLLM
+        keeps) for every rank, so all ranks draft the same tokens from the same inputs (their
+        timings differ) and tries (K > 1) stay the same on every rank."""
+        assert self.adaptive is not None
+        if self.tp_size == 1:
+            return self.adaptive.plan(rows)
+        from vllm.distributed import get_tp_group
+
+        group = get_tp_group()
+        plan = self.adaptive.plan(rows) if group.rank_in_group == 0 else None
+        return group.broadcast_object(plan, src=0)
 
     def _encoded(self, row: _Row) -> int:
         """Context tokens the drafter encodes for this row before drafting (its KV pool holds
