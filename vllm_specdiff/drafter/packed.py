@@ -43,8 +43,10 @@ class PackedRows:
         # draft j of row b reads the hidden state of slot j - 1 (j = 0: its last context token)
         read = (starts + fresh - 1)[:, None] + np.arange(gamma)[None]
         self.read = torch.from_numpy(read).to(device)
-        self.rows = [(entry.kv, int(s), int(e), int(k), int(n), mask[s:e, :n])
-                     for entry, s, e, k, n in zip(entries, starts, ends, keep, keys, strict=True)]
+        # per row: storage, packed slots [start, end), cached tokens, keys it attends, its mask
+        self.rows = [(entry.kv, int(start), int(end), int(cached), int(n), mask[start:end, :n])
+                     for entry, start, end, cached, n
+                     in zip(entries, starts, ends, keep, keys, strict=True)]
 
     def update(self, key: torch.Tensor, value: torch.Tensor,
                layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
