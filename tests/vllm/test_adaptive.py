@@ -246,6 +246,26 @@ def test_proposer_feeds_the_controller_and_skips_the_drafter(tiny_drafter, monke
     assert proposer.get_stats()["verify_steps"] == 4  # the drafted rows of steps 1 and 4
 
 
+def test_rows_with_identical_contexts_each_keep_their_step(tiny_drafter, monkeypatch):
+    """Greedy n > 1 gives rows with identical contexts: each is matched to its own last step, so
+    the step still counts as decode-only and is timed."""
+    import numpy as np
+
+    from tests.vllm.test_options import _proposer
+
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows: Plan(4))
+    seen = []
+    monkeypatch.setattr(AdaptiveDrafting, "observe_verifier",
+                        lambda self, tokens, s: seen.append(tokens))
+    proposer = _proposer(tiny_drafter, 256, gamma=4)
+    proposer.load_model(None)
+    tokens = np.tile(np.arange(5, 45), (2, 1))
+    for n in (20, 21):
+        proposer.propose([[int(tokens[0, n - 1])]] * 2, np.array([n, n]), tokens)
+    assert seen == [2 * (1 + 4)]
+    assert proposer.get_stats()["verify_steps"] == 2
+
+
 # ---- inside vLLM --------------------------------------------------------------------------------
 MAX_NUM_SEQS = 4
 ENGINE_GAMMA = 4

@@ -37,7 +37,7 @@ from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
 from vllm_specdiff.plugin.trie import RequestTrie, build_request_trie
 
 # Tokens of context that identify a row between two steps (with its length) when counting how
-# many drafts were accepted; a collision only merges two rows' identical counts.
+# many drafts were accepted; a collision of two different rows only swaps their entries.
 _SIGNATURE_TOKENS = 8
 
 
@@ -110,7 +110,9 @@ class SpecDiffProposer:
         self.propose_calls = 0
         self.drafted_rows = 0
         self.drafter_seconds = 0.0
-        self._pending: dict[tuple[int, bytes], _Pending] = {}
+        # per context signature, one entry per row (rows with identical contexts, e.g. greedy
+        # n > 1, each keep theirs)
+        self._pending: dict[tuple[int, bytes], list[_Pending]] = {}
         self._last_end: float | None = None  # end of the last propose call (verifier timing)
         self.adaptive = AdaptiveDrafting(
             self.gamma,
@@ -207,7 +209,8 @@ class SpecDiffProposer:
                 continue
             n = int(num_tokens_no_spec[i])
             context = token_ids_cpu[i, :n]
-            prev = self._pending.pop(self._signature(context[: n - len(sampled)]), None)
+            same = self._pending.get(self._signature(context[: n - len(sampled)]))
+            prev = same.pop() if same else None
             if prev is None:
                 verified = None  # a new or resumed request: this step ran its prefill
             else:
@@ -234,8 +237,8 @@ class SpecDiffProposer:
             self._observe_full_tokens(drafts, rows)
         for row, length in zip(decoded, lengths, strict=True):
             n = int(row.context.shape[0])
-            self._pending[self._signature(row.context.numpy())] = _Pending(
-                length, len(drafts[row.index]), n if length else row.drafted_upto)
+            self._pending.setdefault(self._signature(row.context.numpy()), []).append(_Pending(
+                length, len(drafts[row.index]), n if length else row.drafted_upto))
         elapsed = time.perf_counter() - start
         self._observe_call(encoded, elapsed)
         with self._lock:
