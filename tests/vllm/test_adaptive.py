@@ -39,7 +39,7 @@ def _feed(ctrl: AdaptiveDrafting, verifier: Cost, drafter: Cost, alpha: float, r
     rng = random.Random(seed)
     for step in range(60):
         tokens = rows * (1 + (GAMMA if step % 4 == 0 else 0))
-        ctrl.observe_verifier(tokens, verifier(tokens))
+        ctrl.observe_verifier(rows, tokens, verifier(tokens))
         ctrl.observe_drafter(rows * 10 + step % 7, drafter(rows * 10 + step % 7))
         ctrl.observe_overhead(0.0002)
         ctrl.observe_accepted([_accepted(rng, alpha, GAMMA) for _ in range(rows)],
@@ -154,11 +154,11 @@ def test_tries_choose_between_no_draft_and_the_full_trie():
 
 
 def _serve(rows: int, verifier: Cost, alpha: float, steps: int, fixed: int | None = None,
-           seed: int = 0) -> float:
+           seed: int = 0, ctrl: AdaptiveDrafting | None = None) -> float:
     """Committed tokens per simulated second: the controller (fixed None) or a fixed gamma
     serving `rows` rows; the drafter re-encodes the tokens a row committed since its last draft."""
     rng = random.Random(seed)
-    ctrl = AdaptiveDrafting(GAMMA)
+    ctrl = AdaptiveDrafting(GAMMA) if ctrl is None else ctrl
     since = [200] * rows  # the prompt: encoded by the drafter on a row's first draft
     seconds = tokens = 0.0
     for _ in range(steps):
@@ -175,7 +175,7 @@ def _serve(rows: int, verifier: Cost, alpha: float, steps: int, fixed: int | Non
         accepted = [_accepted(rng, alpha, n) for n in lengths]
         if fixed is None:
             ctrl.observe_drafter(encoded, draft_s) if encoded else ctrl.observe_overhead(1e-4)
-            ctrl.observe_verifier(verified, verify_s)
+            ctrl.observe_verifier(rows, verified, verify_s)
             ctrl.observe_accepted([a for a, n in zip(accepted, lengths, strict=True) if n],
                                   [n for n in lengths if n])
         since = [a + 1 if n else s + 1 for a, n, s in zip(accepted, lengths, since, strict=True)]
@@ -195,6 +195,19 @@ def test_closed_loop_batch1_is_close_to_the_best_fixed_gamma():
     best = max(_serve(1, FLAT, 0.6, 400, fixed=g) for g in (2, 4, 8))
     assert _serve(1, FLAT, 0.6, 400) >= 0.97 * best
     assert _serve(1, FLAT, 0.6, 400) > 1.5 * _serve(1, FLAT, 0.6, 400, fixed=0)
+
+
+def test_each_batch_size_gets_its_own_cost_line():
+    """After serving batch 16 (steep: no drafts), batch 1 (flat) is not judged by batch 16's
+    line: it probes its own slope at once and drafts."""
+    ctrl = AdaptiveDrafting(GAMMA)
+    _serve(16, STEEP, 0.6, 300, ctrl=ctrl)
+    assert ctrl.histogram[0] > 250
+    ctrl.reset_counters()
+    best = max(_serve(1, FLAT, 0.6, 200, fixed=g) for g in (4, 8))
+    assert _serve(1, FLAT, 0.6, 200, ctrl=ctrl) >= 0.97 * best
+    assert sum(ctrl.histogram[1:]) > 180  # drafts (about 5 tokens: flat, but not free)
+    assert ctrl.stats()["verifier_ms"]["per_token"] < 1.0  # batch 1's line, not batch 16's
 
 
 # ---- the option ---------------------------------------------------------------------------------
@@ -219,7 +232,7 @@ def test_proposer_feeds_the_controller_and_skips_the_drafter(tiny_drafter, monke
     monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows: next(plans))
     seen: dict[str, list] = {"verifier": [], "drafter": []}
     monkeypatch.setattr(AdaptiveDrafting, "observe_verifier",
-                        lambda self, tokens, s: seen["verifier"].append(tokens))
+                        lambda self, rows, tokens, s: seen["verifier"].append((rows, tokens)))
     monkeypatch.setattr(AdaptiveDrafting, "observe_drafter",
                         lambda self, tokens, s: seen["drafter"].append(tokens))
     proposer = _proposer(tiny_drafter, 256, gamma=4)
@@ -240,7 +253,7 @@ def test_proposer_feeds_the_controller_and_skips_the_drafter(tiny_drafter, monke
     assert out == [[4, 4, 4], [0, 0, 0], [0, 0, 0], [4, 0, 0], [0, 0, 0]]
     assert calls == [3, 1]  # the drafter ran only on the two drafting steps
     # step 1 prefilled (no sample); then 3 rows + 12 draft tokens, 3, 3, 3 + 4
-    assert seen["verifier"] == [15, 3, 3, 7]
+    assert seen["verifier"] == [(3, 15), (3, 3), (3, 3), (3, 7)]
     # 10 + 20 + 30 unseen context tokens + 3 drafts of 4; the probe row caught up on 3 tokens
     assert seen["drafter"] == [72, 3 + 4]
     assert proposer.get_stats()["verify_steps"] == 4  # the drafted rows of steps 1 and 4
@@ -256,7 +269,7 @@ def test_rows_with_identical_contexts_each_keep_their_step(tiny_drafter, monkeyp
     monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows: Plan(4))
     seen = []
     monkeypatch.setattr(AdaptiveDrafting, "observe_verifier",
-                        lambda self, tokens, s: seen.append(tokens))
+                        lambda self, rows, tokens, s: seen.append(tokens))
     proposer = _proposer(tiny_drafter, 256, gamma=4)
     proposer.load_model(None)
     tokens = np.tile(np.arange(5, 45), (2, 1))

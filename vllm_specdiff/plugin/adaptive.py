@@ -7,8 +7,9 @@ the step cost is nearly flat in tokens and full gamma pays whenever the drafter 
 
 `AdaptiveDrafting` keeps three online estimates, each forgetting old data exponentially:
 
-- the verifier step cost as a line a + b * tokens (`ForgettingLine`), tokens = sum over rows of
-  1 + draft tokens, fitted to the time between two proposer calls minus the proposer's own time;
+- the verifier step cost as a line a + b * tokens per batch-size bucket (`VerifierCost`),
+  tokens = sum over rows of 1 + draft tokens, fitted to the time between two proposer calls
+  minus the proposer's own time;
 - the drafter's cost per call as a line in the tokens it encodes (catch-up context + draft);
 - per-position acceptance alpha_j = P(position j accepted | 1..j-1 accepted), from a Beta prior
   and the accepted lengths the proposer records.
@@ -72,6 +73,13 @@ class ForgettingLine:
         """Effective number of observations behind the fit."""
         return self.s0
 
+    def spread(self) -> float:
+        """Weighted sum of squared distances of x from its mean: 0 when all data share one x."""
+        return self.sxx - self.sx * self.sx / self.s0 if self.s0 > 0 else 0.0
+
+    def means(self) -> tuple[float, float]:
+        return self.sx / self.s0, self.sy / self.s0
+
     def coefficients(self) -> tuple[float, float] | None:
         """(a, b) with b >= 0 (cost never falls with tokens); None before any data."""
         if self.s0 <= 0.0:
@@ -89,6 +97,60 @@ class ForgettingLine:
             return None
         a, b = coef
         return max(a + b * x, 1e-6)
+
+
+def rows_bucket(rows: int) -> int:
+    """Batch sizes that share one verifier line: 1, 2-3, 4-7, 8-15, 16-31, ..."""
+    return max(rows, 1).bit_length()
+
+
+class VerifierCost:
+    """The verifier's step cost, one forgetting line in tokens per batch-size bucket (per-row
+    costs, attention over each row's context, make one line across batch sizes wrong).
+
+    A bucket whose data all sit at one token count keeps its level and borrows the slope of the
+    nearest bucket that has one (none: proportional to tokens, pessimistic); a bucket without
+    data uses the nearest bucket's line.
+    """
+
+    def __init__(self, min_spread: float) -> None:
+        self.min_spread = min_spread
+        self.lines: dict[int, ForgettingLine] = {}
+
+    def add(self, rows: int, tokens: float, seconds: float) -> None:
+        bucket = rows_bucket(rows)
+        self.lines.setdefault(bucket, ForgettingLine(prior_weight=0.0)).add(tokens, seconds)
+
+    def identified(self, rows: int) -> bool:
+        """Whether this batch size's own data give a slope (two token counts seen)."""
+        line = self.lines.get(rows_bucket(rows))
+        return line is not None and line.spread() >= self.min_spread
+
+    def weight(self, rows: int) -> float:
+        line = self.lines.get(rows_bucket(rows))
+        return 0.0 if line is None else line.weight
+
+    def coefficients(self, rows: int) -> tuple[float, float] | None:
+        """(a, b) of the line used at this batch size; None before any data."""
+        bucket = rows_bucket(rows)
+        if bucket not in self.lines:
+            near = sorted(self.lines, key=lambda k: (abs(k - bucket), k))
+            if not near:
+                return None
+            bucket = near[0]
+        line = self.lines[bucket]
+        if line.spread() >= self.min_spread:
+            return line.coefficients()
+        mx, my = line.means()
+        slopes = sorted((abs(k - bucket), k) for k, other in self.lines.items()
+                        if other.spread() >= self.min_spread)
+        coef = self.lines[slopes[0][1]].coefficients() if slopes else None
+        b = coef[1] if coef is not None else (my / mx if mx > 0 else 0.0)
+        return my - b * mx, b
+
+    def predict(self, rows: int, tokens: float) -> float | None:
+        coef = self.coefficients(rows)
+        return None if coef is None else max(coef[0] + coef[1] * tokens, 1e-6)
 
 
 @dataclass
@@ -156,7 +218,7 @@ class AdaptiveDrafting:
         self.gamma = gamma
         self.full_tokens = float(gamma if full_tokens is None else full_tokens)
         self.choices = list(range(gamma + 1)) if chain_choices else [0, gamma]
-        self.verifier = ForgettingLine()
+        self.verifier = VerifierCost(min_spread=0.25 * gamma * gamma)
         self.drafter = ForgettingLine()
         self.acceptance = Acceptance(gamma)
         self.overhead = 0.0  # seconds of a proposer call that does not run the drafter
@@ -164,7 +226,9 @@ class AdaptiveDrafting:
         self.probes_done = 0
         self.next_probe = 1
         self.probe_interval = 1
+        self.bucket_probes: dict[int, int] = {}
         self.last_gamma = gamma
+        self.last_rows = 0
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -174,9 +238,13 @@ class AdaptiveDrafting:
         self.probe_steps = 0
 
     # ---- observations ---------------------------------------------------------------------------
-    def observe_verifier(self, tokens: int, seconds: float) -> None:
-        """One verifier step that scheduled `tokens` tokens (decode rows only)."""
-        self.verifier.add(float(tokens), self._clipped(self.verifier, tokens, seconds))
+    def observe_verifier(self, rows: int, tokens: int, seconds: float) -> None:
+        """One verifier step of `rows` decode rows that scheduled `tokens` tokens."""
+        predicted = self.verifier.predict(rows, tokens) if self.verifier.weight(rows) >= 5 \
+            else None
+        if predicted is not None:
+            seconds = min(seconds, CLIP_FACTOR * predicted)
+        self.verifier.add(rows, float(tokens), seconds)
 
     def observe_drafter(self, tokens: int, seconds: float) -> None:
         """One proposer call that ran the drafter over `tokens` tokens (context + draft); the
@@ -209,7 +277,7 @@ class AdaptiveDrafting:
         """Predicted seconds of one step drafting g for all `rows` rows (None: nothing
         measured yet)."""
         tokens = self.draft_tokens(g)
-        verify = self.verifier.predict(rows * (1.0 + tokens))
+        verify = self.verifier.predict(rows, rows * (1.0 + tokens))
         if verify is None:
             return None
         cost = verify + self.overhead
@@ -241,10 +309,14 @@ class AdaptiveDrafting:
         """This step's plan for `rows` decode rows: the best g, or a probe when one is due."""
         self.steps += 1
         g, rates = self.best(rows)
-        self.last_gamma = g
+        self.last_gamma, self.last_rows = g, rows
         self.histogram[g] += 1
         plan = Plan(g)
-        if rows > 0 and self.steps >= self.next_probe:
+        bucket = rows_bucket(rows)
+        # a batch size whose cost slope is not measured yet is probed at once (twice at most)
+        new_size = not self.verifier.identified(rows) and self.bucket_probes.get(bucket, 0) < 2
+        if rows > 0 and (self.steps >= self.next_probe or new_size):
+            self.bucket_probes[bucket] = self.bucket_probes.get(bucket, 0) + 1
             plan = Plan(0) if g == self.gamma else Plan(g, probe_rows=1, probe_gamma=self.gamma)
             self._schedule_next_probe(rows, g, plan, rates)
         if not plan.calls_drafter:
@@ -277,7 +349,7 @@ class AdaptiveDrafting:
             cost = self.step_cost(rows, 0, alphas)
             return None if cost is None else cost - rows / rates[g]
         others = rows - plan.probe_rows
-        verify = self.verifier.predict(others * (1.0 + self.draft_tokens(g))
+        verify = self.verifier.predict(rows, others * (1.0 + self.draft_tokens(g))
                                        + plan.probe_rows * (1.0 + self.full_tokens))
         # a probe row has not been drafted for about a probe interval when g = 0
         catch_up = self.probe_interval if g == 0 else expected_tokens(alphas, g)
@@ -294,9 +366,10 @@ class AdaptiveDrafting:
     # ---- reporting ------------------------------------------------------------------------------
     def summary(self) -> str:
         """One log line: chosen gamma histogram, steps without a draft, the fitted costs."""
-        va, da = self.verifier.coefficients(), self.drafter.coefficients()
+        va, da = self.verifier.coefficients(self.last_rows), self.drafter.coefficients()
         fit = "verifier not measured yet" if va is None else \
-            f"verifier {1000 * va[0]:.1f} ms + {1000 * va[1]:.2f} ms/token"
+            f"verifier at batch {self.last_rows} {1000 * va[0]:.1f} ms + " \
+            f"{1000 * va[1]:.2f} ms/token"
         if da is not None:
             fit += f", drafter {1000 * da[0]:.1f} ms + {1000 * da[1]:.2f} ms/token"
         alphas = ", ".join(f"{a:.2f}" for a in self.acceptance.alphas())
@@ -306,7 +379,7 @@ class AdaptiveDrafting:
                 f"acceptance [{alphas}]")
 
     def stats(self) -> dict[str, object]:
-        va = self.verifier.coefficients()
+        va = self.verifier.coefficients(self.last_rows)
         da = self.drafter.coefficients()
         return {
             "enabled": True,
@@ -316,6 +389,7 @@ class AdaptiveDrafting:
             "probe_steps": self.probe_steps,
             "probe_interval": self.probe_interval,
             "last_gamma": self.last_gamma,
+            "last_rows": self.last_rows,
             "verifier_ms": None if va is None else
             {"intercept": 1000.0 * va[0], "per_token": 1000.0 * va[1]},
             "drafter_ms": None if da is None else

@@ -257,7 +257,7 @@ class SpecDiffProposer:
         if self.adaptive is None or not decoded:
             return rooms
         if verified is not None and self._last_end is not None:
-            self.adaptive.observe_verifier(verified, start - self._last_end)
+            self.adaptive.observe_verifier(len(decoded), verified, start - self._last_end)
         plan = self._rank0_plan(len(decoded))
         lengths = [min(room, plan.gamma) for room in rooms]
         # probe the rows the drafter saw last: the least context to catch up on
