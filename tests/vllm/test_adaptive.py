@@ -127,6 +127,16 @@ def test_estimates_follow_the_measurements():
     assert single.predict(20) == pytest.approx(0.1, rel=0.01)
 
 
+def test_a_noisy_fit_never_predicts_a_negative_intercept():
+    line = ForgettingLine(prior_weight=0.0)
+    for _ in range(20):
+        line.add(16, 0.28)
+    line.add(24, 1.2)  # one step slowed down by another process
+    a, b = line.coefficients()
+    assert a == 0.0 and b > 0
+    assert line.predict(16) > 0.1  # not ~0: plain steps stay priced
+
+
 def test_acceptance_counts_only_positions_that_were_drafted():
     acc = Acceptance(4)
     prior = acc.alphas()

@@ -81,7 +81,8 @@ class ForgettingLine:
         return self.sx / self.s0, self.sy / self.s0
 
     def coefficients(self) -> tuple[float, float] | None:
-        """(a, b) with b >= 0 (cost never falls with tokens); None before any data."""
+        """(a, b) with b >= 0 (cost never falls with tokens) and a >= 0 (a noisy fit that
+        crosses zero is refitted through the origin); None before any data."""
         if self.s0 <= 0.0:
             return None
         s0 = self.s0 + self.prior_weight  # the origin adds weight only (x = y = 0)
@@ -89,6 +90,8 @@ class ForgettingLine:
         var = self.sxx / s0 - mx * mx
         cov = self.sxy / s0 - mx * my
         b = max(cov / var, 0.0) if var > 1e-12 else (my / mx if mx > 0 else 0.0)
+        if my - b * mx < 0.0 and self.sxx > 0.0:
+            return 0.0, self.sxy / self.sxx
         return my - b * mx, b
 
     def predict(self, x: float) -> float | None:
