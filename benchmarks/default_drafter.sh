@@ -1,22 +1,46 @@
 #!/usr/bin/env bash
-# Plain vLLM vs SpecDiff-2 with the default models, on this machine, batch 1, in one process
-# (ratios from the same run; see vllm_specdiff/bench/suite.py). Writes the demo's JSON and one
-# suite JSON (with date, machine, versions and command) into OUT (default
-# benchmarks/results/DATE), from which `python scripts/results_table.py --write README.md`
-# regenerates the README's table. The whole suite of issue 12 is benchmarks/suite.sh.
+# The cells the targets of issues 9 and 12 are judged on, with the default models on this
+# machine, every method of a run in one process (ratios from the same run; see
+# vllm_specdiff/bench/suite.py). Writes into OUT (default benchmarks/results/DATE) the demo's
+# JSON and one suite JSON + Markdown table per run (with date, machine, versions and command),
+# from which `python scripts/results_table.py --write README.md` regenerates the README's table.
+# The whole suite of issue 12 (all sets, T, batch sizes, K and gamma sweeps) is
+# benchmarks/suite.sh.
 #
-#   bash benchmarks/default_drafter.sh [OUT]      # ~15 minutes on 2 cores
+#   bash benchmarks/default_drafter.sh [OUT]      # ~30 minutes on 2 quiet cores
 #
+# Runs:
+#   b1_t0   batch 1, T = 0: plain, vLLM ngram, vLLM draft_model (the AR baseline, where it was
+#           exported), the untrained base drafter, the default drafter adaptive and at fixed
+#           gamma 8 and 4 (adaptive against the best fixed gamma)
+#   b1_t1   batch 1, T = 1: plain, ngram, the default drafter adaptive and fixed
+#   b16_t0  batch 16, T = 0: plain, ngram, the default drafter adaptive and at fixed gamma 8, 4
 # benchmarks/prompts/chat_heldout.jsonl: general chat prompts on topics no training prompt
 # mentions (written by `specdiff-distill corpus --heldout-output`, seed 0).
+# SPECDIFF_AR_DRAFTER: the draft_model baseline (default: what scripts/train_ar_drafter.sh
+# exports); SPECDIFF_BENCH_LIMIT (8): prompts per set at batch 1 (batch 16 uses 16).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
 OUT="${1:-$ROOT/benchmarks/results/$(date -u +%F)}"
-LIMIT="${SPECDIFF_BENCH_LIMIT:-10}"
+LIMIT="${SPECDIFF_BENCH_LIMIT:-8}"
+SETS=(humaneval "$ROOT/benchmarks/prompts/chat_heldout.jsonl")
+AR="${SPECDIFF_AR_DRAFTER:-${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}/drafters/ar-drafter}"
+FIXED="specdiff2:adaptive=false,specdiff2:adaptive=false:gamma=4"
+B1="plain,ngram,specdiff-base,specdiff2,$FIXED"
+EXTRA=()
+if [ -f "$AR/config.json" ]; then
+  B1="$B1,draft-model"
+  EXTRA=(--draft-model "$AR")
+else
+  echo "default_drafter.sh: no AR drafter at $AR: the draft-model row is left out" >&2
+fi
+bench() { "$BIN/vllm-specdiff" bench --prompts "${SETS[@]}" --max-tokens 96 --gamma 8 "$@"; }
 mkdir -p "$OUT"
 "$BIN/vllm-specdiff" demo --output "$OUT/demo.json"
-# specdiff2-k4: self-selection over K = 4 candidates (argmax, ngram, sampled at T_d = 1)
-"$BIN/vllm-specdiff" bench --prompts humaneval "$ROOT/benchmarks/prompts/chat_heldout.jsonl" \
-  --limit "$LIMIT" --max-tokens 96 --gamma 8 --temperature 0 1 --batch-size 1 --repeats 1 \
-  --methods plain,specdiff2,specdiff2-k4 --json "$OUT/default_drafter.json"
+bench --limit "$LIMIT" --repeats 1 --temperature 0 --batch-size 1 --methods "$B1" "${EXTRA[@]}" \
+  --json "$OUT/b1_t0.json" --plots "$OUT/plots_b1_t0"
+bench --limit "$LIMIT" --repeats 1 --temperature 1 --batch-size 1 \
+  --methods plain,ngram,specdiff2,specdiff2:adaptive=false --json "$OUT/b1_t1.json"
+bench --limit 16 --repeats 2 --temperature 0 --batch-size 16 \
+  --methods "plain,ngram,specdiff2,$FIXED" --json "$OUT/b16_t0.json"

@@ -6,6 +6,10 @@
 # acceptance curves (the paper's Figure 2), as JSON + PNG.
 #
 #   bash scripts/compare_losses.sh [START_CHECKPOINT] [RESULT_JSON]
+#   bash scripts/compare_losses.sh --continue LOSS STEPS [START_CHECKPOINT]
+#
+# --continue resumes that loss's comparison run up to STEPS optimizer steps in all (the default
+# drafter's second stage, scripts/train_default_drafter.sh streak), and evaluates nothing.
 #
 # START_CHECKPOINT: a checkpoint of the default drafter's run (default: its latest).
 # RESULT_JSON: default benchmarks/results/<today>/loss_comparison.json (PNG beside it).
@@ -21,6 +25,12 @@ NICE="nice -n ${SPECDIFF_NICE:-19}"
 STEPS="${SPECDIFF_COMPARE_STEPS:-200}"
 PARALLEL="${SPECDIFF_COMPARE_PARALLEL:-2}"
 RUN="$CACHE/runs/default-drafter"
+CONTINUE=()
+if [ "${1:-}" = --continue ]; then
+  [ $# -ge 3 ] || { echo "usage: $0 --continue LOSS STEPS [START_CHECKPOINT]" >&2; exit 2; }
+  CONTINUE=("$2" "$3")
+  shift 3
+fi
 START="${1:-$(ls -d "$RUN"/checkpoints/step-* | sort | tail -n 1)}"
 RESULT="${2:-$ROOT/benchmarks/results/$(date -u +%F)/loss_comparison.json}"
 V="$("$BIN/vllm-specdiff" models | sed -n 's/^verifier: //p')"
@@ -35,15 +45,19 @@ from vllm_specdiff.drafter.slim import expand_checkpoint
 expand_checkpoint(sys.argv[1], sys.argv[2], sys.argv[3])' "$START_DIR.slim" "$V" "$START_DIR"
 fi
 
-train() {  # LOSS
+train() {  # LOSS [STEPS]
   env OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" train --data "$CACHE/data/greedy" \
     --output "$CACHE/runs/compare-$TAG-$1" --drafter "$START_DIR" --finetune full \
     --freeze-params 'embed_tokens,layers\.0\.,lm_head' --loss "$1" --gamma 8 \
-    --windows-per-seq 16 --batch-size 4 --steps "$STEPS" --lr 3e-4 --warmup-steps 0 \
+    --windows-per-seq 16 --batch-size 4 --steps "${2:-$STEPS}" --lr 3e-4 --warmup-steps 0 \
     --schedule constant --max-length 640 --heldout-fraction 0.05 --save-every 50 \
-    --eval-every 50 --eval-windows 256 > "$CACHE/logs/compare-$TAG-$1.log" 2>&1
+    --eval-every 50 --eval-windows 256 >> "$CACHE/logs/compare-$TAG-$1.log" 2>&1
 }
 mkdir -p "$CACHE/logs"
+if [ ${#CONTINUE[@]} -gt 0 ]; then
+  train "${CONTINUE[@]}"
+  exit 0
+fi
 for loss in "${LOSSES[@]}"; do
   train "$loss" &
   while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do sleep 5; done

@@ -13,6 +13,8 @@
 # verifier's tokenizer files) to $SPECDIFF_CACHE_DIR/drafters/ar-drafter, for
 #   --speculative-config '{"method": "draft_model", "model": DIR, "num_speculative_tokens": 4}'
 #
+# SPECDIFF_AR_EXPORT: the checkpoint directory to export (default: the run's latest), e.g. the
+# best held-out one when a later step got worse.
 # Needs the data of the default recipe: bash scripts/train_default_drafter.sh generate
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -49,6 +51,6 @@ if want train; then
 fi
 
 if want export; then
-  $NICE "$BIN/specdiff-distill" export --run "$RUN" --verifier "$V" --output "$OUT"
+  $NICE "$BIN/specdiff-distill" export --run "${SPECDIFF_AR_EXPORT:-$RUN}" --verifier "$V" --output "$OUT"
 fi
 exit 0

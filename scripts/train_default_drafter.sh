@@ -4,8 +4,12 @@
 # are skipped, training resumes from its latest checkpoint). Runs at low priority.
 #
 #   bash scripts/train_default_drafter.sh            # all stages: corpus, generate, train
-#   bash scripts/train_default_drafter.sh STAGE      # one stage: corpus|generate|train|export
-# `export` ships the latest checkpoint into the package (vllm_specdiff/assets/default_drafter).
+#   bash scripts/train_default_drafter.sh STAGE      # one stage: corpus|generate|train|streak|export
+# `train` is stage 1 (masked cross-entropy, stopped at step 850 for the shipped drafter);
+# `streak` is stage 2: the streak run of scripts/compare_losses.sh (from stage 1's step 850),
+# continued to SPECDIFF_STREAK_STEPS (default 40000) steps.
+# `export` ships the latest checkpoint of stage 2 into the package
+# (vllm_specdiff/assets/default_drafter).
 # `generate` and `train` may run side by side: a (re)started training run reads every shard
 # that exists by then.
 #
@@ -16,7 +20,7 @@ BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
 CACHE="${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}"
 NICE="nice -n ${SPECDIFF_NICE:-19}"
 RUN="$CACHE/runs/default-drafter"
-STEPS="${SPECDIFF_TRAIN_STEPS:-40000}"
+STEPS="${SPECDIFF_TRAIN_STEPS:-850}"  # stage 1 (stage 2 continues from its step 850)
 V="$("$BIN/vllm-specdiff" models | sed -n 's/^verifier: //p')"
 # vLLM's CPU speed settings (tcmalloc + Intel OpenMP preloaded, one thread per core)
 SPEED_ENV="$("$BIN/python" -c 'import shlex
@@ -24,12 +28,14 @@ from vllm_specdiff.plugin.cpu_env import recommended_env
 print(" ".join(f"{k}={shlex.quote(v)}" for k, v in recommended_env().items()))')"
 
 STAGE="${1:-all}"
-case "$STAGE" in all|corpus|generate|train|export) ;; *)
-  echo "usage: $0 [all|corpus|generate|train|export]" >&2; exit 2 ;; esac
+case "$STAGE" in all|corpus|generate|train|streak|export) ;; *)
+  echo "usage: $0 [all|corpus|generate|train|streak|export]" >&2; exit 2 ;; esac
+STAGE1_END="$RUN/checkpoints/step-0000850"
+STREAK_RUN="$CACHE/runs/compare-from-step-0000850-streak"
 want() { [ "$STAGE" = all ] || [ "$STAGE" = "$1" ]; }
 
 if [ "$STAGE" = export ]; then
-  "$BIN/specdiff-distill" export --run "$RUN" --verifier "$V" \
+  "$BIN/specdiff-distill" export --run "$STREAK_RUN" --verifier "$V" \
     --output "$ROOT/vllm_specdiff/assets/default_drafter" --draft-vocab-size 8192
 fi
 
@@ -56,4 +62,9 @@ want train && env ${SPECDIFF_TRAIN_THREADS:+OMP_NUM_THREADS=$SPECDIFF_TRAIN_THRE
   --freeze-params 'embed_tokens,layers\.0\.,lm_head' --loss mdm --gamma 8 --windows-per-seq 16 \
   --batch-size 4 --steps "$STEPS" --lr 3e-4 --warmup-steps 50 --schedule constant \
   --max-length 640 --heldout-fraction 0.05 --save-every 50 --eval-every 50 --eval-windows 256
+# Stage 2: the streak loss from stage 1's step 850 (the loss comparison's winner).
+if want streak; then
+  bash "$ROOT/scripts/compare_losses.sh" --continue streak "${SPECDIFF_STREAK_STEPS:-40000}" \
+    "$STAGE1_END"
+fi
 exit 0
