@@ -12,9 +12,11 @@
 # drafter's second stage, scripts/train_default_drafter.sh streak), and evaluates nothing.
 #
 # START_CHECKPOINT: a checkpoint of the default drafter's run (default: its latest).
-# RESULT_JSON: default benchmarks/results/<today>/loss_comparison.json (PNG beside it).
+# RESULT_JSON: default benchmarks/results/loss_comparison.json (PNG beside it; not in a dated
+# folder, whose JSON files are bench results the README's table is made from).
 # SPECDIFF_COMPARE_STEPS (default 200) optimizer steps per loss; SPECDIFF_COMPARE_PARALLEL
-# (default 2) runs at a time, one torch thread each. Runs land in $SPECDIFF_CACHE_DIR/runs/.
+# (default 2) runs at a time, one torch thread each; SPECDIFF_COMPARE_WINDOWS (default 512)
+# held-out windows evaluated. Runs land in $SPECDIFF_CACHE_DIR/runs/.
 # The training settings are the default drafter's (scripts/train_default_drafter.sh) except
 # the loss, the warm-up (none: the start is trained) and the step count.
 set -euo pipefail
@@ -32,7 +34,7 @@ if [ "${1:-}" = --continue ]; then
   shift 3
 fi
 START="${1:-$(ls -d "$RUN"/checkpoints/step-* | sort | tail -n 1)}"
-RESULT="${2:-$ROOT/benchmarks/results/$(date -u +%F)/loss_comparison.json}"
+RESULT="${2:-$ROOT/benchmarks/results/loss_comparison.json}"
 V="$("$BIN/vllm-specdiff" models | sed -n 's/^verifier: //p')"
 LOSSES=(mdm position-avg streak streak-soft)
 TAG="from-$(basename "$START")"
@@ -44,6 +46,8 @@ if [ ! -f "$START_DIR/model.safetensors" ]; then  # the checkpoint as a full dra
 from vllm_specdiff.drafter.slim import expand_checkpoint
 expand_checkpoint(sys.argv[1], sys.argv[2], sys.argv[3])' "$START_DIR.slim" "$V" "$START_DIR"
 fi
+# the start's curve: an export of a run from START_DIR continues it (one curve from scratch)
+cp -n "$START_DIR.slim/learning_curve.json" "$START_DIR/"
 
 train() {  # LOSS [STEPS]
   env OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" train --data "$CACHE/data/greedy" \
@@ -58,14 +62,19 @@ if [ ${#CONTINUE[@]} -gt 0 ]; then
   train "${CONTINUE[@]}"
   exit 0
 fi
+at_budget() {  # LOSS -> its checkpoint at the compared budget
+  echo "$CACHE/runs/compare-$TAG-$1/checkpoints/step-$(printf %07d "$STEPS")"
+}
 for loss in "${LOSSES[@]}"; do
+  [ -d "$(at_budget "$loss")" ] && continue  # trained already (maybe continued past it since)
   train "$loss" &
   while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do sleep 5; done
 done
 wait
 
 CANDIDATES=(--candidate "start=$START_DIR")
-for loss in "${LOSSES[@]}"; do CANDIDATES+=(--candidate "$loss=$CACHE/runs/compare-$TAG-$loss"); done
+for loss in "${LOSSES[@]}"; do CANDIDATES+=(--candidate "$loss=$(at_budget "$loss")"); done
 mkdir -p "$(dirname "$RESULT")"
 $NICE "$BIN/specdiff-distill" eval --data "$CACHE/data/greedy" --verifier "$V" "${CANDIDATES[@]}" \
-  --gamma 8 --max-windows 512 --heldout-fraction 0.05 --output "$RESULT"
+  --gamma 8 --max-windows "${SPECDIFF_COMPARE_WINDOWS:-512}" --heldout-fraction 0.05 \
+  --output "$RESULT"

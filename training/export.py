@@ -45,13 +45,33 @@ def resolve_checkpoint(run: Path) -> tuple[Path, Path]:
     return checkpoint, run
 
 
-def learning_curve(run_dir: Path, up_to_step: int) -> list[dict]:
-    """Cumulative tokens, wall and CPU hours at every step with a held-out measurement."""
-    path = run_dir / LOG_FILE
-    if not path.is_file():
+def earlier_stages(train_config: dict) -> list[dict]:
+    """The curve of the exported drafter a run started from (`--drafter DIR` holding the
+    learning_curve.json its export wrote), so a run in stages reports one curve from scratch."""
+    start = train_config.get("drafter")
+    path = Path(start) / CURVE_FILE if start else None
+    if path is None or not path.is_file():
         return []
-    tokens = wall = cpu = 0.0
-    curve = []
+    saved = json.loads(path.read_text())
+    name = Path(saved["run"]).name
+    return [{**point, "run": point.get("run", name)} for point in saved["curve"]]
+
+
+def learning_curve(run_dir: Path, up_to_step: int, earlier: list[dict] | None = None
+                   ) -> list[dict]:
+    """Cumulative tokens, wall and CPU hours at every step with a held-out measurement,
+    continuing `earlier` (the curve of the stages before this run: steps, tokens and hours
+    go on from its last point; each point names its run)."""
+    path = run_dir / LOG_FILE
+    earlier = list(earlier or [])
+    if not path.is_file():
+        return earlier
+    last = earlier[-1] if earlier else {}
+    step0 = last.get("step", 0)
+    tokens = float(last.get("tokens_seen", 0))
+    wall = 3600.0 * last.get("wall_hours", 0.0)
+    cpu = 3600.0 * last.get("cpu_hours", 0.0)
+    curve = earlier
     for line in path.read_text().splitlines():
         if not line.strip():
             continue
@@ -62,7 +82,8 @@ def learning_curve(run_dir: Path, up_to_step: int) -> list[dict]:
         wall += rec.get("seconds", 0.0)
         cpu += rec.get("cpu_seconds", 0.0)
         if rec.get("heldout_expected_streak") is not None:
-            curve.append({"step": rec["step"], "tokens_seen": int(tokens),
+            curve.append({"step": step0 + rec["step"], "run": run_dir.name,
+                          "tokens_seen": int(tokens),
                           "wall_hours": round(wall / 3600, 4), "cpu_hours": round(cpu / 3600, 4),
                           "heldout_expected_streak": rec["heldout_expected_streak"],
                           "heldout_greedy_accepted_length":
@@ -78,13 +99,17 @@ def plot_learning_curve(curve: list[dict], path: Path, title: str = "default dra
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
-    y = [c["heldout_expected_streak"] for c in curve]
     for ax, key, label in ((axes[0], "cpu_hours", "CPU hours"),
                            (axes[1], "tokens_seen", "tokens seen")):
-        ax.plot([c[key] for c in curve], y, marker="o", markersize=3)
+        for run in dict.fromkeys(c.get("run") for c in curve):  # one line per stage
+            part = [c for c in curve if c.get("run") == run]
+            ax.plot([c[key] for c in part], [c["heldout_expected_streak"] for c in part],
+                    marker="o", markersize=3, label=run)
         ax.set_xlabel(label)
         ax.set_ylabel("held-out expected accepted length")
         ax.grid(alpha=0.3)
+    if len({c.get("run") for c in curve}) > 1:
+        axes[0].legend(fontsize=7)
     fig.suptitle(f"{title}: learning curve")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -151,7 +176,7 @@ def run_export(cfg: ExportConfig) -> dict:
 
 def _write_curve(run_dir: Path, checkpoint: Path, state: dict, out: Path, title: str) -> dict:
     """learning_curve.json (and .png when the run measured held-out points) beside the export."""
-    curve = learning_curve(run_dir, state["step"])
+    curve = learning_curve(run_dir, state["step"], earlier_stages(state["config"]))
     (out / CURVE_FILE).write_text(json.dumps(
         {"run": str(run_dir), "checkpoint": checkpoint.name, "train_config": state["config"],
          "curve": curve}, indent=2) + "\n")

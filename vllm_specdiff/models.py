@@ -15,7 +15,7 @@ import importlib.util
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -172,24 +172,17 @@ def prepare_drafter(force: bool = False) -> Path:
             raise FileNotFoundError(f"${DRAFTER_ENV}={str(target)!r} is not a drafter directory "
                                     "(config.json + *.safetensors)")
         return target
-    if _is_complete(target) and not force:
-        return target
-    verifier = prepare_verifier()
-    with _build_lock(target):
-        if _is_complete(target) and not force:
-            return target
+
+    def assemble(verifier: Path, out: Path) -> None:
         slim = shipped_drafter()
-        with _atomic_dir(target) as tmp:
-            if slim is not None:
-                from vllm_specdiff.drafter.slim import expand_checkpoint
+        if slim is None:
+            _write_base_drafter(verifier, out)
+            return
+        from vllm_specdiff.drafter.slim import expand_checkpoint
 
-                expand_checkpoint(slim, verifier, tmp)
-            else:
-                from vllm_specdiff.drafter import BlockCausalDrafter
+        expand_checkpoint(slim, verifier, out)
 
-                BlockCausalDrafter.from_causal_lm(str(verifier), DEFAULT_DRAFTER_LAYERS
-                                                  ).save_pretrained(str(tmp))
-    return target
+    return _build_once(target, assemble, force)
 
 
 def base_drafter_dir() -> Path:
@@ -199,9 +192,29 @@ def base_drafter_dir() -> Path:
 def prepare_base_drafter(force: bool = False) -> Path:
     """Return the untrained block-causal drafter of the default verifier (its first
     DEFAULT_DRAFTER_LAYERS layers, no training: the paper's "SpecDiff" row), built once."""
-    target = base_drafter_dir()
+    return _build_once(base_drafter_dir(), _write_base_drafter, force)
+
+
+def _write_base_drafter(verifier: Path, out: Path) -> None:
+    from vllm_specdiff.drafter import BlockCausalDrafter
+
+    BlockCausalDrafter.from_causal_lm(str(verifier), DEFAULT_DRAFTER_LAYERS
+                                      ).save_pretrained(str(out))
+
+
+def _build_once(target: Path, build: Callable[[Path, Path], None], force: bool) -> Path:
+    """`build(verifier, tmp)` into `target` unless it is complete (or `force`): under the
+    build lock, in a temporary directory renamed into place, so concurrent callers build once
+    and nobody sees half a drafter."""
     if _is_complete(target) and not force:
         return target
+    verifier = prepare_verifier()
+    with _build_lock(target):
+        if _is_complete(target) and not force:
+            return target
+        with _atomic_dir(target) as tmp:
+            build(verifier, tmp)
+    return target
     verifier = prepare_verifier()
     with _build_lock(target):
         if _is_complete(target) and not force:

@@ -193,3 +193,27 @@ def test_export_ships_a_reduced_head_chosen_from_the_data(full_run, verifier_dir
     assert drafter.draft_vocab_size == 12
     logits = drafter.draft_logits([torch.tensor([5, 9, 11])], GAMMA)
     assert int(torch.isfinite(logits[0, 0]).sum()) == 12  # only the table's ids are proposed
+
+
+def test_a_second_stage_continues_the_first_stages_curve(full_run, verifier_dir, tmp_path):
+    """Stage 2 trains from stage 1's export (--drafter DIR with its learning_curve.json): its
+    export reports one curve from scratch, steps/tokens/CPU hours going on from stage 1's."""
+    cfg, _, out = full_run
+    slim = tmp_path / "stage1"
+    run_export(ExportConfig(run=str(out), verifier=str(verifier_dir), output=str(slim)))
+    start = expand_checkpoint(slim, verifier_dir, tmp_path / "stage1-full")
+    first = json.loads((slim / "learning_curve.json").read_text())["curve"]
+    (start / "learning_curve.json").write_text((slim / "learning_curve.json").read_text())
+    stage2 = tmp_path / "stage2-run"
+    run_train(TrainConfig(**{**cfg.__dict__, "output": str(stage2), "drafter": str(start),
+                             "init_from": None, "draft_vocab_size": None, "loss": "streak",
+                             "steps": 2, "warmup_steps": 0}))
+    shipped = tmp_path / "stage2"
+    run_export(ExportConfig(run=str(stage2), verifier=str(verifier_dir), output=str(shipped)))
+    curve = json.loads((shipped / "learning_curve.json").read_text())["curve"]
+    assert curve[:len(first)] == [{**c, "run": out.name} for c in first]
+    later = curve[len(first):]
+    assert [c["run"] for c in later] == ["stage2-run"] and later[0]["step"] == first[-1]["step"] + 2
+    assert later[0]["tokens_seen"] > first[-1]["tokens_seen"]
+    assert later[0]["cpu_hours"] >= first[-1]["cpu_hours"]
+    assert (shipped / "learning_curve.png").is_file()
