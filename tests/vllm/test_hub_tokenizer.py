@@ -62,7 +62,7 @@ def test_tokenizer_by_hub_id(tmp_path, tiny_verifier, tiny_drafter):
     prompts = [word_prompt(i, 6 + 5 * i) for i in range(3)]
     env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1",
            "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    arg = json.dumps([kwargs, speculative_args(tiny_drafter, gamma=3), prompts])
+    arg = json.dumps([kwargs, speculative_args(tiny_drafter, gamma=3, adaptive=False), prompts])
     proc = subprocess.run([sys.executable, "-c", SCRIPT, arg], capture_output=True, text=True,
                           timeout=600, env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -38,7 +38,9 @@ def engines(tiny_verifier, tiny_drafter):
     from vllm import LLM
 
     plain = LLM(**_engine_kwargs(tiny_verifier))
-    spec = LLM(**_engine_kwargs(tiny_verifier), **speculative_args(tiny_drafter, gamma=4))
+    # adaptive drafting off: every request's second token goes through verification
+    spec = LLM(**_engine_kwargs(tiny_verifier),
+               **speculative_args(tiny_drafter, gamma=4, adaptive=False))
     return plain, spec
 
 
@@ -58,8 +60,16 @@ def second_tokens(llm, prompt: str, seed0: int, batch: int = SAMPLES,
 
 @pytest.fixture(scope="module")
 def filtered_spec_samples(engines) -> list[int]:
-    """Speculative samples of the filtered case, shared by its test and its power control."""
-    return second_tokens(engines[1], FILTERED_PROMPT, 50_000, **FILTERED)
+    """Speculative samples of the filtered case, shared by its test and its power control.
+    Every request drafted (adaptive drafting off), so the second tokens went through
+    verification: a test of plain sampling in disguise would prove nothing."""
+    from vllm_specdiff.plugin.engine import specdiff_stats
+
+    before = specdiff_stats(engines[1])["proposer"]["drafted_rows"]
+    samples = second_tokens(engines[1], FILTERED_PROMPT, 50_000, **FILTERED)
+    drafted = specdiff_stats(engines[1])["proposer"]["drafted_rows"] - before
+    assert drafted >= SAMPLES, drafted
+    return samples
 
 
 def contingency_pvalue(a: list[int], b: list[int]) -> float:

@@ -124,7 +124,7 @@ def test_k_above_one_without_the_tree_worker_fails_at_load(tiny_verifier, tiny_d
     with pytest.raises(Exception, match="--worker-cls"):
         LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=200_000,
             dtype="float32", enforce_eager=True,
-            **speculative_args(tiny_drafter, gamma=4, K=2))
+            **speculative_args(tiny_drafter, gamma=4, K=2, adaptive=False))
 
 
 def test_ngram_candidate_continues_the_earlier_match():

@@ -69,10 +69,13 @@ def _reset_proposer_stats(worker: Any) -> bool:  # noqa: ANN401
 
 
 def vllm_spec_decode_counters(llm: Any) -> dict[str, Any]:  # noqa: ANN401
-    """vLLM's spec-decode counters (needs the engine built with `disable_log_stats=False`)."""
+    """vLLM's spec-decode counters; empty for an engine built with `disable_log_stats=True`
+    (the `LLM` default), whose `get_metrics` refuses to run."""
     from vllm.v1.metrics.reader import Counter, Vector
 
     counters: dict[str, Any] = {}
+    if not getattr(llm.llm_engine, "log_stats", True):
+        return counters
     for metric in llm.get_metrics():
         if not metric.name.startswith("vllm:spec_decode"):
             continue
