@@ -215,16 +215,6 @@ def _build_once(target: Path, build: Callable[[Path, Path], None], force: bool) 
         with _atomic_dir(target) as tmp:
             build(verifier, tmp)
     return target
-    verifier = prepare_verifier()
-    with _build_lock(target):
-        if _is_complete(target) and not force:
-            return target
-        from vllm_specdiff.drafter import BlockCausalDrafter
-
-        with _atomic_dir(target) as tmp:
-            BlockCausalDrafter.from_causal_lm(str(verifier), DEFAULT_DRAFTER_LAYERS
-                                              ).save_pretrained(str(tmp))
-    return target
 
 
 def prepare_defaults(force: bool = False) -> dict[str, Path]:
