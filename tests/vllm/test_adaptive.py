@@ -13,7 +13,12 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.vllm.tiny_models import speculative_args, word_prompt
+from tests.vllm.tiny_models import (
+    PREEMPTING_MAX_NUM_SEQS,
+    preempting_engine_kwargs,
+    speculative_args,
+    word_prompt,
+)
 from vllm_specdiff.plugin import adaptive as adaptive_mod
 from vllm_specdiff.plugin.adaptive import (
     Acceptance,
@@ -290,22 +295,15 @@ def test_rows_with_identical_contexts_each_keep_their_step(tiny_drafter, monkeyp
 
 
 # ---- inside vLLM --------------------------------------------------------------------------------
-MAX_NUM_SEQS = 4
+MAX_NUM_SEQS = PREEMPTING_MAX_NUM_SEQS
 ENGINE_GAMMA = 4
-
-
-def _engine_kwargs(model) -> dict:
-    # a small KV cache: more prompts than max_num_seqs force reordering and preemption
-    return dict(model=str(model), max_model_len=256, max_num_seqs=MAX_NUM_SEQS, seed=0,
-                kv_cache_memory_bytes=200_000, dtype="float32", enforce_eager=True,
-                disable_log_stats=False)
 
 
 @pytest.fixture(scope="module")
 def plain_engine(tiny_verifier):
     from vllm import LLM
 
-    return LLM(**_engine_kwargs(tiny_verifier))
+    return LLM(**preempting_engine_kwargs(tiny_verifier))
 
 
 @pytest.fixture(scope="module")
@@ -315,7 +313,7 @@ def adaptive_engine(tiny_verifier, tiny_drafter):
     process are those of the engine built last."""
     from vllm import LLM
 
-    return LLM(**_engine_kwargs(tiny_verifier),
+    return LLM(**preempting_engine_kwargs(tiny_verifier),
                **speculative_args(tiny_drafter, gamma=ENGINE_GAMMA, quantize="none"))
 
 
@@ -324,7 +322,7 @@ def fixed_engine(tiny_verifier, tiny_drafter):
     """adaptive: false (built by the last test, see `adaptive_engine`)."""
     from vllm import LLM
 
-    return LLM(**_engine_kwargs(tiny_verifier),
+    return LLM(**preempting_engine_kwargs(tiny_verifier),
                **speculative_args(tiny_drafter, gamma=ENGINE_GAMMA, quantize="none",
                                   adaptive=False))
 
@@ -432,7 +430,8 @@ def test_tries_with_skipped_steps_keep_greedy_outputs(plain_outputs, tiny_verifi
     pattern = [Plan(0), Plan(ENGINE_GAMMA), Plan(0, probe_rows=1, probe_gamma=ENGINE_GAMMA),
                Plan(0), Plan(ENGINE_GAMMA), Plan(ENGINE_GAMMA)]
     monkeypatch.setattr(AdaptiveDrafting, "plan", _cycling_plans(pattern))
-    llm = LLM(**_engine_kwargs(tiny_verifier), worker_cls=TREE_WORKER, async_scheduling=False,
+    llm = LLM(**preempting_engine_kwargs(tiny_verifier), worker_cls=TREE_WORKER,
+              async_scheduling=False,
               **speculative_args(tiny_drafter, gamma=ENGINE_GAMMA, quantize="none", K=2,
                                  drafter_temperature=1.5, max_tree_tokens=2 * ENGINE_GAMMA + 1))
     assert _generate(llm) == plain_outputs

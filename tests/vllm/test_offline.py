@@ -10,30 +10,29 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vllm.tiny_models import speculative_args, word_prompt
+from tests.vllm.tiny_models import (
+    PREEMPTING_MAX_NUM_SEQS,
+    preempting_engine_kwargs,
+    speculative_args,
+    word_prompt,
+)
 
 pytestmark = pytest.mark.vllm
 
-MAX_NUM_SEQS = 4
+MAX_NUM_SEQS = PREEMPTING_MAX_NUM_SEQS
 GAMMA = 4
-
-
-def _engine_kwargs(model) -> dict:
-    return dict(model=str(model), max_model_len=256, max_num_seqs=MAX_NUM_SEQS, seed=0,
-                kv_cache_memory_bytes=200_000, dtype="float32", enforce_eager=True,
-                disable_log_stats=False)
 
 
 @pytest.fixture(scope="module")
 def engines(tiny_verifier, tiny_drafter):
     from vllm import LLM
 
-    plain = LLM(**_engine_kwargs(tiny_verifier))
+    plain = LLM(**preempting_engine_kwargs(tiny_verifier))
     # float32 drafter: the tests below rely on its first token being exactly the verifier's
     # (int8, the CPU default, has its own greedy-identity test in test_quantize_option.py);
     # fixed gamma: the counters below assume GAMMA tokens per draft (adaptive drafting has its
     # own engine tests in test_adaptive.py)
-    spec = LLM(**_engine_kwargs(tiny_verifier),
+    spec = LLM(**preempting_engine_kwargs(tiny_verifier),
                **speculative_args(tiny_drafter, gamma=GAMMA, quantize="none", adaptive=False))
     return plain, spec
 

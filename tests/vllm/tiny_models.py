@@ -112,3 +112,15 @@ def speculative_args(drafter: Path, gamma: int = 4, **options: object) -> dict:
 
 def dumps(obj: object) -> str:
     return json.dumps(obj)
+
+
+PREEMPTING_MAX_NUM_SEQS = 4
+
+
+def preempting_engine_kwargs(model: Path) -> dict:
+    """`LLM(...)` arguments of the tiny verifier with a KV cache small enough that more prompts
+    than `PREEMPTING_MAX_NUM_SEQS` force reordering and preemption; stat logging on (vLLM's
+    spec-decode counters)."""
+    return dict(model=str(model), max_model_len=256, max_num_seqs=PREEMPTING_MAX_NUM_SEQS,
+                seed=0, kv_cache_memory_bytes=200_000, dtype="float32", enforce_eager=True,
+                disable_log_stats=False)
