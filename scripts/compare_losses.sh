@@ -23,7 +23,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
 CACHE="${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}"
-NICE="nice -n ${SPECDIFF_NICE:-19}"
+# shared with compare_data.sh: start directory, train and eval settings
+source "$ROOT/scripts/compare_common.sh"
 STEPS="${SPECDIFF_COMPARE_STEPS:-200}"
 PARALLEL="${SPECDIFF_COMPARE_PARALLEL:-2}"
 RUN="$CACHE/runs/default-drafter"
@@ -35,46 +36,28 @@ if [ "${1:-}" = --continue ]; then
 fi
 START="${1:-$(ls -d "$RUN"/checkpoints/step-* | sort | tail -n 1)}"
 RESULT="${2:-$ROOT/benchmarks/results/loss_comparison.json}"
-V="$("$BIN/vllm-specdiff" models | sed -n 's/^verifier: //p')"
 LOSSES=(mdm position-avg streak streak-soft)
 TAG="from-$(basename "$START")"
-START_DIR="$CACHE/drafters/compare-$TAG"
-
-if [ ! -f "$START_DIR/model.safetensors" ]; then  # the checkpoint as a full drafter directory
-  "$BIN/specdiff-distill" export --run "$START" --verifier "$V" --output "$START_DIR.slim"
-  "$BIN/python" -c 'import sys
-from vllm_specdiff.drafter.slim import expand_checkpoint
-expand_checkpoint(sys.argv[1], sys.argv[2], sys.argv[3])' "$START_DIR.slim" "$V" "$START_DIR"
-fi
-# the start's curve: an export of a run from START_DIR continues it (one curve from scratch)
-cp -n "$START_DIR.slim/learning_curve.json" "$START_DIR/"
+START_DIR="$(compare_start_dir "$START")"
 
 train() {  # LOSS [STEPS]
-  env OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" train --data "$CACHE/data/greedy" \
-    --output "$CACHE/runs/compare-$TAG-$1" --drafter "$START_DIR" --finetune full \
-    --freeze-params 'embed_tokens,layers\.0\.,lm_head' --loss "$1" --gamma 8 \
-    --windows-per-seq 16 --batch-size 4 --steps "${2:-$STEPS}" --lr 3e-4 --warmup-steps 0 \
-    --schedule constant --max-length 640 --heldout-fraction 0.05 --save-every 50 \
-    --eval-every 50 --eval-windows 256 >> "$CACHE/logs/compare-$TAG-$1.log" 2>&1
+  compare_train "$CACHE/data/greedy" "$START_DIR" "compare-$TAG-$1" "$1" "${2:-$STEPS}"
 }
-mkdir -p "$CACHE/logs"
 if [ ${#CONTINUE[@]} -gt 0 ]; then
   train "${CONTINUE[@]}"
   exit 0
 fi
 at_budget() {  # LOSS -> its checkpoint at the compared budget
-  echo "$CACHE/runs/compare-$TAG-$1/checkpoints/step-$(printf %07d "$STEPS")"
+  compare_at_step "compare-$TAG-$1" "$STEPS"
 }
 for loss in "${LOSSES[@]}"; do
   [ -d "$(at_budget "$loss")" ] && continue  # trained already (maybe continued past it since)
   train "$loss" &
-  while [ "$(jobs -rp | wc -l)" -ge "$PARALLEL" ]; do sleep 5; done
+  compare_wait_slot "$PARALLEL"
 done
 wait
 
 CANDIDATES=(--candidate "start=$START_DIR")
 for loss in "${LOSSES[@]}"; do CANDIDATES+=(--candidate "$loss=$(at_budget "$loss")"); done
-mkdir -p "$(dirname "$RESULT")"
-$NICE "$BIN/specdiff-distill" eval --data "$CACHE/data/greedy" --verifier "$V" "${CANDIDATES[@]}" \
-  --gamma 8 --max-windows "${SPECDIFF_COMPARE_WINDOWS:-512}" --heldout-fraction 0.05 \
-  --output "$RESULT"
+compare_eval "$CACHE/data/greedy" "$RESULT" "${SPECDIFF_COMPARE_WINDOWS:-512}" \
+  "${CANDIDATES[@]}"

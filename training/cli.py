@@ -100,6 +100,10 @@ HELP = {
     "max_windows": "held-out windows evaluated",
     "split": "heldout (the prompts train held out) or all",
     "plot": "write the per-position acceptance PNG",
+    "verifier_pass": "run the verifier on the drafts; --no-verifier-pass scores the drafter "
+                     "against the data's own tokens only (verifier_token_streak, "
+                     "data_greedy_accepted_length: on temperature-1 / greedy data the expected "
+                     "accepted length at T = 1 / the greedy one at T = 0), several times cheaper",
 }
 SINGULAR = {"candidates": "candidate"}
 REQUIRED = {"corpus": {"output"}, "generate": {"verifier", "prompts", "output"},
@@ -191,7 +195,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = run_eval(cfg)
             result = {"output": cfg.output, "results": {
                 k: {m: v[m] for m in ("expected_accepted_length", "greedy_accepted_length",
-                                      "expected_accepted_length_selected", "windows")}
+                                      "expected_accepted_length_selected",
+                                      "verifier_token_streak", "data_greedy_accepted_length",
+                                      "windows")}
                 for k, v in result["results"].items()}}
     except (ValueError, FileNotFoundError) as e:
         print(f"specdiff-distill {args.command}: error: {e}", file=sys.stderr)

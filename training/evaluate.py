@@ -7,7 +7,12 @@ For each held-out window (context s cut from a verifier sequence) and each candi
 - greedy accepted length: leading positions where the drafter's argmax equals the verifier's greedy
   token (core `verify_greedy`), counted by core `SpecDecodeStats`;
 - the per-position acceptance curve gamma_j = P(j accepted | 1..j-1 accepted) for both (the paper's
-  Figure 2), written as JSON and plotted side by side as PNG.
+  Figure 2), written as JSON and plotted side by side as PNG;
+- always, with no verifier pass (all of `--no-verifier-pass`): the drafter against the data's own
+  tokens, `verifier_token_streak` sum_j prod q_k(x_k) and `data_greedy_accepted_length` (leading
+  argmax matches), with their curves. Both are sums over x of P(x) Q(x), so on temperature-1 data
+  they estimate without bias the expected accepted length at T = 1 of sampled / greedy drafts, and
+  on greedy data they are the accepted lengths against the greedy verifier.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from vllm_specdiff.core.scoring import expected_streak
 from vllm_specdiff.provenance import provenance
 
 from .data import check_fingerprint, load_sequences, split_heldout, tokenizer_fingerprint
-from .losses import expected_streak_of
+from .losses import Targets, expected_streak_of, greedy_accepted_of, hard_log_accept
 from .model import drafter_from_checkpoint
 from .windows import VocabMap, eval_windows, make_batch
 
@@ -61,6 +66,7 @@ class EvalConfig:
     seed: int = 0
     batch_size: int = 8  # held-out sequences (each with its windows) per drafter/verifier call
     plot: bool = True
+    verifier_pass: bool = True  # False: score against the data's tokens only (no verifier run)
 
     def validate(self) -> None:
         if not self.candidates:
@@ -135,8 +141,10 @@ class Evaluator:
         self.data = data if cfg.split == "all" else split_heldout(data, cfg.heldout_fraction)[1]
         self.windows = eval_windows(self.data, cfg.gamma, cfg.windows_per_seq, cfg.max_windows,
                                     seed=cfg.seed)
-        self.verifier = AutoModelForCausalLM.from_pretrained(cfg.verifier, dtype=torch.float32)
-        self.verifier.eval()
+        self.verifier = None
+        if cfg.verifier_pass:
+            self.verifier = AutoModelForCausalLM.from_pretrained(cfg.verifier,
+                                                                 dtype=torch.float32).eval()
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
 
     def _verifier_logits(self, ids: torch.Tensor, mask: torch.Tensor, starts: list[int],
@@ -158,10 +166,8 @@ class Evaluator:
         else:
             drafter = load_drafter(cand.drafter, lora=cand.lora, cache_size=0)
         vocab = VocabMap(drafter.vocab_size, drafter.draft_to_verifier)
-        gen = torch.Generator().manual_seed(cfg.seed)
-        greedy_stats = SpecDecodeStats()
-        taus, selected, token_streaks = [], [], []
-        reach = torch.zeros(cfg.gamma + 1)  # sum over drafts of prod_{i<=j} a_i, j = 0..G
+        on_data = _DataScores(cfg.gamma, max(cfg.draft_temperature, 1e-6))
+        on_verifier = _VerifierScores(cfg) if self.verifier is not None else None
         for lo in tqdm(range(0, len(self.windows), cfg.batch_size), desc=f"eval {cand.name}",
                        unit="batch"):
             part = self.windows[lo:lo + cfg.batch_size]
@@ -169,56 +175,139 @@ class Evaluator:
             with torch.inference_mode():
                 raw = drafter.window_logits(batch.input_ids, batch.starts, cfg.gamma)
             raw = raw[batch.valid].float()
-            token_streaks.append(expected_streak_of(raw, batch.targets(vocab),
-                                                    max(cfg.draft_temperature, 1e-6)))
-            logits = drafter.to_verifier_vocab(raw)  # [N, G, V]
-            v = logits.shape[-1]
-            drafts = sample_drafts(draft_marginals(logits, cfg.draft_temperature), cfg.num_drafts,
-                                   generator=gen)  # [N, K, G]
-            greedy = logits.argmax(-1)[:, None]  # [N, 1, G]
-            rows = torch.cat([drafts, greedy], dim=1)
-            starts = batch.starts[batch.valid].tolist()
-            inputs = batch.input_ids[batch.valid.nonzero()[:, 0]]
-            ids, mask = _verifier_rows(inputs, starts, rows, self.pad_id)
-            vl = self._verifier_logits(ids, mask, starts, cfg.num_drafts + 1)
-            if vl.shape[-1] < v:
-                raise ValueError(f"the verifier has {vl.shape[-1]} logits but the drafter "
-                                 f"{cand.name} covers {v} ids")
-            vl = vl[..., :v].reshape(len(starts), cfg.num_drafts + 1, cfg.gamma + 1, v)
-            # Expected accepted length of the sampled drafts under the verifier's p.
-            sampled = vl[:, :cfg.num_drafts, :cfg.gamma].reshape(-1, v)
-            p = target_probs(sampled, cfg.verifier_temperature)
-            a = p.gather(1, drafts.reshape(-1, 1)).reshape(len(starts), cfg.num_drafts, cfg.gamma)
-            log_a = a.log()
-            tau = expected_streak(log_a)  # [N, K]
-            taus.append(tau.reshape(-1))
-            selected.append(tau.max(dim=1).values)
-            prods = torch.cat([torch.ones(*log_a.shape[:2], 1), log_a.cumsum(-1).exp()], dim=-1)
-            reach += prods.reshape(-1, cfg.gamma + 1).sum(0)
-            # Greedy: drafter argmax against the verifier's argmax along the same prefix.
-            verdict = _verify_greedy(vl[:, -1].argmax(-1), greedy[:, 0])
-            greedy_stats.record(verdict, cfg.gamma)
-        tau_all = torch.cat(taus)
-        drafts_scored = tau_all.numel()
-        # P(j accepted | 1..j-1 accepted) is a ratio of tiny numbers once the prefix is almost
-        # never accepted: report null there rather than noise.
-        curve = [float(reach[j + 1] / reach[j]) if reach[j] / drafts_scored > MIN_REACH else None
-                 for j in range(cfg.gamma)]
-        greedy_dict = greedy_stats.to_dict()
-        greedy_curve = [acc if reached else None for acc, reached in
-                        zip(greedy_dict["per_position_acceptance"], greedy_stats.position_reached,
-                            strict=True)]
+            on_data.add(raw, batch.targets(vocab))
+            if on_verifier is not None:
+                starts = batch.starts[batch.valid].tolist()
+                inputs = batch.input_ids[batch.valid.nonzero()[:, 0]]
+                on_verifier.add(self, cand.name, drafter.to_verifier_vocab(raw), inputs, starts)
+        verifier_result = on_verifier.result() if on_verifier is not None else \
+            dict.fromkeys(VERIFIER_KEYS)
+        return {"drafter": cand.drafter, "lora": cand.lora, "windows": on_data.windows,
+                **verifier_result, **on_data.result()}
+
+
+# What only the verifier pass measures (None with --no-verifier-pass).
+VERIFIER_KEYS = ("expected_accepted_length", "expected_accepted_length_selected",
+                 "greedy_accepted_length", "per_position_acceptance_expected",
+                 "prefix_acceptance_expected", "per_position_acceptance_greedy",
+                 "greedy_accepted_length_histogram", "expected_accepted_length_per_window",
+                 "greedy_accepted_length_per_window")
+
+
+def _conditional(reach: torch.Tensor, count: int) -> list[float | None]:
+    """P(j accepted | 1..j-1 accepted) from reach[j] = sum of P(1..j accepted), reach[0] = count.
+
+    A ratio of tiny numbers once the prefix is almost never accepted: null there, not noise."""
+    return [float(reach[j + 1] / reach[j]) if reach[j] / max(count, 1) > MIN_REACH else None
+            for j in range(reach.shape[0] - 1)]
+
+
+class _DataScores:
+    """The drafter against the data's own verifier tokens (no verifier pass): the expected
+    streak sum_j prod q_k(x_k), which on temperature-1 data is an unbiased estimate of the
+    expected accepted length at T = 1 (sum over x of P(x) Q(x) either way), and the greedy
+    draft's leading matches, which on greedy data is its accepted length at T = 0."""
+
+    def __init__(self, gamma: int, temperature: float) -> None:
+        self.temperature = temperature
+        self.streaks: list[torch.Tensor] = []
+        self.greedy: list[torch.Tensor] = []
+        self.streak_reach = torch.zeros(gamma + 1)
+        self.greedy_reach = torch.zeros(gamma + 1)
+
+    def add(self, raw: torch.Tensor, targets: Targets) -> None:
+        with torch.no_grad():
+            prefix = hard_log_accept(raw, targets, self.temperature).cumsum(-1).exp()  # [N, G]
+        matches = (raw.argmax(-1) == targets.tokens).long().cumprod(-1)  # [N, G]
+        self.streaks.append(expected_streak_of(raw, targets, self.temperature))
+        self.greedy.append(greedy_accepted_of(raw, targets))
+        self.streak_reach += torch.cat([torch.full((1,), float(raw.shape[0])), prefix.sum(0)])
+        self.greedy_reach += torch.cat([torch.full((1,), float(raw.shape[0])),
+                                        matches.sum(0).float()])
+
+    @property
+    def windows(self) -> int:
+        return int(self.streak_reach[0])
+
+    def result(self) -> dict[str, Any]:
+        streaks, greedy = torch.cat(self.streaks), torch.cat(self.greedy)
         return {
-            "drafter": cand.drafter, "lora": cand.lora, "windows": len(torch.cat(selected)),
+            "verifier_token_streak": float(streaks.mean()),
+            "data_greedy_accepted_length": float(greedy.float().mean()),
+            "per_position_acceptance_data_streak": _conditional(self.streak_reach, self.windows),
+            "per_position_acceptance_data_greedy": _conditional(self.greedy_reach, self.windows),
+            "verifier_token_streak_per_window": _rounded(streaks),
+            "data_greedy_accepted_length_per_window": greedy.tolist(),
+        }
+
+
+class _VerifierScores:
+    """Drafts scored by the verifier run on them: expected (sampled drafts, p at
+    --verifier-temperature) and greedy accepted length, and their per-position curves."""
+
+    def __init__(self, cfg: EvalConfig) -> None:
+        self.cfg = cfg
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.greedy_stats = SpecDecodeStats()
+        self.taus: list[torch.Tensor] = []
+        self.selected: list[torch.Tensor] = []
+        self.window_taus: list[torch.Tensor] = []
+        self.greedy_lengths: list[torch.Tensor] = []
+        self.reach = torch.zeros(cfg.gamma + 1)  # sum over drafts of prod_{i<=j} a_i, j = 0..G
+
+    def add(self, ev: Evaluator, name: str, logits: torch.Tensor, inputs: torch.Tensor,
+            starts: list[int]) -> None:
+        cfg = self.cfg
+        v = logits.shape[-1]  # logits [N, G, V] in verifier ids
+        drafts = sample_drafts(draft_marginals(logits, cfg.draft_temperature), cfg.num_drafts,
+                               generator=self.gen)  # [N, K, G]
+        greedy = logits.argmax(-1)[:, None]  # [N, 1, G]
+        rows = torch.cat([drafts, greedy], dim=1)
+        ids, mask = _verifier_rows(inputs, starts, rows, ev.pad_id)
+        vl = ev._verifier_logits(ids, mask, starts, cfg.num_drafts + 1)
+        if vl.shape[-1] < v:
+            raise ValueError(f"the verifier has {vl.shape[-1]} logits but the drafter "
+                             f"{name} covers {v} ids")
+        vl = vl[..., :v].reshape(len(starts), cfg.num_drafts + 1, cfg.gamma + 1, v)
+        # Expected accepted length of the sampled drafts under the verifier's p.
+        sampled = vl[:, :cfg.num_drafts, :cfg.gamma].reshape(-1, v)
+        p = target_probs(sampled, cfg.verifier_temperature)
+        a = p.gather(1, drafts.reshape(-1, 1)).reshape(len(starts), cfg.num_drafts, cfg.gamma)
+        log_a = a.log()
+        tau = expected_streak(log_a)  # [N, K]
+        self.taus.append(tau.reshape(-1))
+        self.window_taus.append(tau.mean(dim=1))
+        self.selected.append(tau.max(dim=1).values)
+        prods = torch.cat([torch.ones(*log_a.shape[:2], 1), log_a.cumsum(-1).exp()], dim=-1)
+        self.reach += prods.reshape(-1, cfg.gamma + 1).sum(0)
+        # Greedy: drafter argmax against the verifier's argmax along the same prefix.
+        verdict = _verify_greedy(vl[:, -1].argmax(-1), greedy[:, 0])
+        self.greedy_stats.record(verdict, cfg.gamma)
+        self.greedy_lengths.append(verdict.float())
+
+    def result(self) -> dict[str, Any]:
+        tau_all = torch.cat(self.taus)
+        greedy_dict = self.greedy_stats.to_dict()
+        greedy_curve = [acc if reached else None for acc, reached in
+                        zip(greedy_dict["per_position_acceptance"],
+                            self.greedy_stats.position_reached, strict=True)]
+        return {
             "expected_accepted_length": float(tau_all.mean()),
-            "expected_accepted_length_selected": float(torch.cat(selected).mean()),
-            "greedy_accepted_length": greedy_stats.mean_accepted_length,
-            "verifier_token_streak": float(torch.cat(token_streaks).mean()),
-            "per_position_acceptance_expected": curve,
-            "prefix_acceptance_expected": (reach[1:] / drafts_scored).tolist(),
+            "expected_accepted_length_selected": float(torch.cat(self.selected).mean()),
+            "greedy_accepted_length": self.greedy_stats.mean_accepted_length,
+            "per_position_acceptance_expected": _conditional(self.reach, tau_all.numel()),
+            "prefix_acceptance_expected": (self.reach[1:] / tau_all.numel()).tolist(),
             "per_position_acceptance_greedy": greedy_curve,
             "greedy_accepted_length_histogram": greedy_dict["accepted_length_histogram"],
+            # per window, in window order (the same windows for every candidate), so two
+            # candidates' difference can be judged paired, window by window, against its noise
+            "expected_accepted_length_per_window": _rounded(torch.cat(self.window_taus)),
+            "greedy_accepted_length_per_window": torch.cat(self.greedy_lengths).int().tolist(),
         }
+
+
+def _rounded(values: torch.Tensor) -> list[float]:
+    return [round(float(v), 5) for v in values]
 
 
 def _verify_greedy(target_argmax: torch.Tensor, draft: torch.Tensor) -> torch.Tensor:
@@ -236,14 +325,22 @@ def plot_curves(results: dict[str, dict], gamma: int, path: Path) -> Path:
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     xs = list(range(1, gamma + 1))
+    verified = all(r["expected_accepted_length"] is not None for r in results.values())
+    # (curve, figure, label) per panel: the verifier's scores, or without its pass the data's
+    panels = ((("per_position_acceptance_expected", "expected_accepted_length", "tau"),
+               ("per_position_acceptance_greedy", "greedy_accepted_length", "greedy"))
+              if verified else
+              (("per_position_acceptance_data_streak", "verifier_token_streak", "streak"),
+               ("per_position_acceptance_data_greedy", "data_greedy_accepted_length", "greedy")))
     for name, r in results.items():
-        nan = float("nan")
-        axes[0].plot(xs, [nan if v is None else v for v in r["per_position_acceptance_expected"]],
-                     marker="o", label=f"{name} (tau={r['expected_accepted_length']:.3f})")
-        axes[1].plot(xs, [nan if v is None else v for v in r["per_position_acceptance_greedy"]],
-                     marker="o", label=f"{name} (greedy={r['greedy_accepted_length']:.3f})")
-    axes[0].set_title("sampled drafts: P(j accepted | 1..j-1 accepted)")
-    axes[1].set_title("greedy drafts vs greedy verifier")
+        for ax, (curve, figure, label) in zip(axes, panels, strict=True):
+            ax.plot(xs, [float("nan") if v is None else v for v in r[curve]], marker="o",
+                    label=f"{name} ({label}={r[figure]:.3f})")
+    against = "verifier" if verified else "data's tokens"
+    axes[0].set_title(f"sampled drafts vs the {against}: P(j accepted | 1..j-1 accepted)",
+                      fontsize=9)
+    axes[1].set_title(f"greedy drafts vs the {'greedy verifier' if verified else against}",
+                      fontsize=9)
     for ax in axes:
         ax.set_xlabel("draft position j")
         ax.set_ylim(0, 1.02)

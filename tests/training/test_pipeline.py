@@ -297,6 +297,12 @@ def test_eval_scores_a_drafter_that_is_the_verifier_on_position_one(tmp_path, da
         exact += [float((probs[s - 1] ** 2).sum()) for s in starts]
     assert r["windows"] == len(exact)
     assert abs(r["per_position_acceptance_expected"][0] - sum(exact) / len(exact)) < 0.05
+    # per-window figures (K = 4 drafts averaged per window) whose means are the reported ones
+    taus, greedy = r["expected_accepted_length_per_window"], r["greedy_accepted_length_per_window"]
+    assert len(taus) == len(greedy) == len(exact)
+    assert abs(sum(taus) / len(taus) - r["expected_accepted_length"]) < 1e-4
+    assert sum(greedy) / len(greedy) == pytest.approx(r["greedy_accepted_length"])
+    assert all(g >= 1 for g in greedy)  # position 1 is the verifier's own argmax
 
 
 def test_training_imports_without_vllm():
@@ -326,3 +332,34 @@ def test_transformers_backend_samples_from_p_not_the_models_generation_config(
         seq = data.sequence(i)
         firsts.setdefault(int(data.prompt_index[i]), set()).add(int(seq[data.prompt_lens[i]]))
     assert max(len(tokens) for tokens in firsts.values()) > 1
+
+
+def test_eval_without_the_verifier_pass_scores_against_the_datas_tokens(tmp_path, verifier_dir,
+                                                                        prompts_file):
+    # On greedy data the verifier's argmax along the data is the data's next token, so the greedy
+    # draft's leading matches with the data (no verifier pass) are its accepted length against
+    # the verifier, window by window; --no-verifier-pass gives the same data figures, and None
+    # for what needs the verifier.
+    from vllm_specdiff.drafter.block_causal import BlockCausalDrafter
+    from vllm_specdiff_training.evaluate import EvalConfig, run_eval
+
+    data = tmp_path / "greedy"
+    _generate(verifier_dir, prompts_file, data, temperature=0.0, num_samples=1, max_prompts=8)
+    BlockCausalDrafter.from_causal_lm(verifier_dir, 1).save_pretrained(tmp_path / "d")
+
+    def scores(verifier_pass: bool) -> dict:
+        return run_eval(EvalConfig(data=str(data), verifier=str(verifier_dir),
+                                   candidates=[f"d={tmp_path / 'd'}"], gamma=GAMMA, split="all",
+                                   max_windows=24, plot=True, verifier_pass=verifier_pass,
+                                   output=str(tmp_path / f"{verifier_pass}.json")))["results"]["d"]
+
+    full, cheap = scores(True), scores(False)
+    assert full["data_greedy_accepted_length_per_window"] == \
+        full["greedy_accepted_length_per_window"]
+    assert 0 < full["data_greedy_accepted_length"] < GAMMA  # neither trivially 0 nor all
+    for key in ("verifier_token_streak", "data_greedy_accepted_length",
+                "data_greedy_accepted_length_per_window", "per_position_acceptance_data_greedy"):
+        assert cheap[key] == full[key], key
+    assert cheap["expected_accepted_length"] is None and cheap["greedy_accepted_length"] is None
+    assert cheap["windows"] == full["windows"] == 24
+    assert (tmp_path / "False.png").is_file()
