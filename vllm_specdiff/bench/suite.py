@@ -32,6 +32,7 @@ class Run:
     counters: dict[str, Any] = field(default_factory=dict)
     drafter_seconds: float = 0.0
     propose_calls: int = 0
+    gamma_histogram: list[int] = field(default_factory=list)  # adaptive drafting's choices
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,13 +107,16 @@ class Engine:
     def of(cls, llm: Any) -> Engine:  # noqa: ANN401
         return cls(llm, SpecCounters(llm))
 
-    def snapshot(self) -> tuple[dict[str, Any], float, int]:
-        """The spec-decode counts and the SpecDiff proposer's drafter time and calls."""
+    def snapshot(self) -> tuple[dict[str, Any], float, int, list[int]]:
+        """The spec-decode counts, the SpecDiff proposer's drafter time and calls, and adaptive
+        drafting's histogram of chosen draft lengths ([] when it is off)."""
         from vllm_specdiff.plugin.engine import specdiff_stats
 
         proposer = specdiff_stats(self.llm).get("proposer") or {}
+        adaptive = proposer.get("adaptive") or {}
         return (self.counters.snapshot(), float(proposer.get("drafter_seconds", 0.0)),
-                int(proposer.get("propose_calls", 0)))
+                int(proposer.get("propose_calls", 0)),
+                list(adaptive.get("chosen_gamma_histogram") or []))
 
 
 def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
@@ -132,12 +136,12 @@ def run_batch(engine: Engine, prompts: list[list[int]], params: list[Any], run: 
     deltas to `run`."""
     from vllm.inputs import TokensPrompt
 
-    counters, drafter_s, calls = engine.snapshot()
+    counters, drafter_s, calls, histogram = engine.snapshot()
     began = time.perf_counter()
     outs = engine.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params,
                                use_tqdm=False)
     seconds = time.perf_counter() - began
-    after, drafter_after, calls_after = engine.snapshot()
+    after, drafter_after, calls_after, histogram_after = engine.snapshot()
     run.seconds += seconds
     for out in outs:
         tokens = list(out.outputs[0].token_ids)
@@ -147,6 +151,11 @@ def run_batch(engine: Engine, prompts: list[list[int]], params: list[Any], run: 
     _accumulate(run.counters, _delta(after, counters))
     run.drafter_seconds += drafter_after - drafter_s
     run.propose_calls += calls_after - calls
+    if histogram_after:
+        before = histogram or [0] * len(histogram_after)
+        delta = [a - b for a, b in zip(histogram_after, before, strict=True)]
+        run.gamma_histogram = [a + b for a, b in zip(run.gamma_histogram or [0] * len(delta),
+                                                     delta, strict=True)]
 
 
 def _median(values: list[float]) -> float | None:
@@ -168,6 +177,12 @@ def _sum_counters(runs: list[Run]) -> dict[str, Any]:
     for run in runs:
         _accumulate(total, run.counters)
     return total
+
+
+def _sum_lists(lists: list[list[int]]) -> list[int] | None:
+    """Element-wise sum of the non-empty lists (None when all are empty)."""
+    filled = [values for values in lists if values]
+    return [sum(column) for column in zip(*filled, strict=True)] if filled else None
 
 
 def mismatches(outputs: list[list[int]], reference: list[list[int]]) -> list[int]:
@@ -212,6 +227,7 @@ def summarize(method: Method, runs: list[Run], plain_runs: list[Run],
         "step_ms": round(step_ms, 3) if step_ms is not None else None,
         "drafter_share_of_step": round(drafter_ms / step_ms, 4)
         if drafter_ms is not None and step_ms else None,
+        "chosen_gamma_histogram": _sum_lists([r.gamma_histogram for r in runs]),
         "identical_to_plain": (not bad) if temperature == 0 else None,
         "mismatched_prompts": bad,
     }

@@ -9,7 +9,8 @@ the step cost is nearly flat in tokens and full gamma pays whenever the drafter 
 
 - the verifier step cost as a line a + b * tokens per batch-size bucket (`VerifierCost`),
   tokens = sum over rows of 1 + draft tokens, fitted to the time between two proposer calls
-  minus the proposer's own time;
+  minus the proposer's own time; a token count measured often enough uses its own mean instead
+  of the line (the cost is not linear at small batches: it steps where the kernels change);
 - the drafter's cost per call as a line in the tokens it encodes (catch-up context + draft);
 - per-position acceptance alpha_j = P(position j accepted | 1..j-1 accepted), from a Beta prior
   and the accepted lengths the proposer records.
@@ -19,8 +20,10 @@ B * E(g) / cost(g) with E(g) = 1 + sum_{j<=g} prod_{i<=j} alpha_i and
 cost(g) = verifier(B + B * g) + drafter (only if g > 0). g = 0 means the drafter is not called.
 A probe step now and then keeps every estimate measured: when g < gamma, one row drafts the full
 gamma (acceptance of every position, a second token count for the verifier line, the drafter's
-cost); when g = gamma, one step drafts nothing (the verifier's cost without drafts). Probes are
-spaced so their expected loss stays near `PROBE_BUDGET` of the serving time.
+cost); when g = gamma, one step drafts nothing (the verifier's cost without drafts). With one
+row, a probe drafts the length whose own cost is the least measured instead (ties: gamma, then
+0), so every length's cost gets measured. Probes are spaced so their expected loss stays near
+`PROBE_BUDGET` of the serving time.
 
 Plain Python and torch-free arithmetic: no vLLM import, testable with synthetic costs.
 """
@@ -47,6 +50,10 @@ MAX_PROBE_INTERVAL = 256
 RAMP_BASE = 8
 # A cost sample above this multiple of the current prediction is clipped to it (pauses, GC).
 CLIP_FACTOR = 3.0
+# Effective observations at one exact token count before its own mean replaces the line.
+POINT_WEIGHT = 2.0
+# Measured (batch size, token count) points kept; beyond, the least-weighted half is dropped.
+MAX_POINTS = 1024
 
 
 @dataclass
@@ -61,9 +68,11 @@ class ForgettingLine:
     sxx: float = 0.0
     sy: float = 0.0
     sxy: float = 0.0
+    observations: int = 0
 
     def add(self, x: float, y: float) -> None:
         """Forget a little of the old data, then add one observation."""
+        self.observations += 1
         f = self.forget
         self.s0, self.sx, self.sxx = f * self.s0 + 1.0, f * self.sx + x, f * self.sxx + x * x
         self.sy, self.sxy = f * self.sy + y, f * self.sxy + x * y
@@ -119,10 +128,29 @@ class VerifierCost:
     def __init__(self, min_spread: float) -> None:
         self.min_spread = min_spread
         self.lines: dict[int, ForgettingLine] = {}
+        self.points: dict[tuple[int, int], CostPoint] = {}
 
     def add(self, rows: int, tokens: float, seconds: float) -> None:
         bucket = rows_bucket(rows)
-        self.lines.setdefault(bucket, ForgettingLine(prior_weight=0.0)).add(tokens, seconds)
+        line = self.lines.setdefault(bucket, ForgettingLine(prior_weight=0.0))
+        line.add(tokens, seconds)
+        key = (rows, round(tokens))
+        self.points.setdefault(key, CostPoint()).add(seconds, line.observations)
+        if len(self.points) > MAX_POINTS:
+            self._drop_light_points()
+
+    def _drop_light_points(self) -> None:
+        def weight(key: tuple[int, int]) -> float:
+            return self.points[key].weight(self.lines[rows_bucket(key[0])].observations)
+
+        for key in sorted(self.points, key=weight)[: len(self.points) // 2]:
+            del self.points[key]
+
+    def point_weight(self, rows: int, tokens: float) -> float:
+        """Effective observations of exactly this batch size and token count."""
+        point = self.points.get((rows, round(tokens)))
+        line = self.lines.get(rows_bucket(rows))
+        return 0.0 if point is None or line is None else point.weight(line.observations)
 
     def identified(self, rows: int) -> bool:
         """Whether this batch size's own data give a slope (two token counts seen)."""
@@ -152,8 +180,30 @@ class VerifierCost:
         return my - b * mx, b
 
     def predict(self, rows: int, tokens: float) -> float | None:
+        """The mean measured at exactly (rows, tokens) when it has POINT_WEIGHT observations,
+        else the line."""
+        if self.point_weight(rows, tokens) >= POINT_WEIGHT:
+            return max(self.points[(rows, round(tokens))].mean, 1e-6)
         coef = self.coefficients(rows)
         return None if coef is None else max(coef[0] + coef[1] * tokens, 1e-6)
+
+
+@dataclass
+class CostPoint:
+    """The forgetting mean of the costs measured at one (batch size, token count); it forgets
+    at the pace of its bucket's observations, so a count measured long ago loses its say."""
+
+    mean: float = 0.0
+    raw_weight: float = 0.0
+    seen_at: int = 0  # the bucket's observation count when last updated
+
+    def weight(self, now: int) -> float:
+        return self.raw_weight * FORGET ** (now - self.seen_at)
+
+    def add(self, seconds: float, now: int) -> None:
+        w = self.weight(now)
+        self.mean = (w * self.mean + seconds) / (w + 1.0)
+        self.raw_weight, self.seen_at = w + 1.0, now
 
 
 @dataclass
@@ -320,11 +370,22 @@ class AdaptiveDrafting:
         new_size = not self.verifier.identified(rows) and self.bucket_probes.get(bucket, 0) < 2
         if rows > 0 and (self.steps >= self.next_probe or new_size):
             self.bucket_probes[bucket] = self.bucket_probes.get(bucket, 0) + 1
-            plan = Plan(0) if g == self.gamma else Plan(g, probe_rows=1, probe_gamma=self.gamma)
+            if rows == 1:
+                plan = Plan(self._least_measured(g))
+            else:
+                plan = Plan(0) if g == self.gamma else Plan(g, probe_rows=1,
+                                                            probe_gamma=self.gamma)
             self._schedule_next_probe(rows, g, plan, rates)
         if not plan.calls_drafter:
             self.no_draft_steps += 1
         return plan
+
+    def _least_measured(self, g: int) -> int:
+        """One row's probe length: the allowed length other than g whose verifier cost at batch
+        1 has the fewest effective observations (ties: gamma first, then 0, 1, ...)."""
+        others = [n for n in self.choices if n != g]
+        order = sorted(others, key=lambda n: (n != self.gamma, n))
+        return min(order, key=lambda n: self.verifier.point_weight(1, 1.0 + self.draft_tokens(n)))
 
     def _schedule_next_probe(self, rows: int, g: int, plan: Plan,
                              rates: dict[int, float]) -> None:
@@ -348,9 +409,10 @@ class AdaptiveDrafting:
         if rates.get(g, 0.0) <= 0.0:
             return None
         alphas = self.acceptance.alphas()
-        if plan.probe_rows == 0:  # a step without drafts
-            cost = self.step_cost(rows, 0, alphas)
-            return None if cost is None else cost - rows / rates[g]
+        if plan.probe_rows == 0:  # every row drafts plan.gamma (0: a step without drafts)
+            cost = self.step_cost(rows, plan.gamma, alphas)
+            return None if cost is None or not math.isfinite(cost) else \
+                cost - rows * expected_tokens(alphas, plan.gamma) / rates[g]
         others = rows - plan.probe_rows
         verify = self.verifier.predict(rows, others * (1.0 + self.draft_tokens(g))
                                        + plan.probe_rows * (1.0 + self.full_tokens))
