@@ -23,16 +23,22 @@ reports the max |difference| from the torch reference.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from types import SimpleNamespace
 
 import torch
 
-from vllm_specdiff.core.backends import select_backend
+from vllm_specdiff.core.backends import ENV_VAR, select_backend
 from vllm_specdiff.core.scoring import STREAK_KERNEL, draft_logprob_streak_torch
 from vllm_specdiff.core.tree import TokenTree, build_token_tree
+from vllm_specdiff.plugin.tree_attention import TreeBatchContext, TreeRequest
+from vllm_specdiff.plugin.tree_attention_cuda import CudaTreeMaskForward, PagedKVLayout
+from vllm_specdiff.plugin.trie import build_request_trie
 from vllm_specdiff_kernels.dispatch import TREE_ATTENTION_KERNEL
 from vllm_specdiff_kernels.tree_attention_ref import tree_attention_torch
 from vllm_specdiff_kernels.tree_mask import tree_mask_from_parents
@@ -221,6 +227,148 @@ def bench_logprobs(shape: LogprobShape, dtype: torch.dtype, device: torch.device
     return rows
 
 
+@dataclass(frozen=True)
+class WrapperCase:
+    """One layer's inputs as vLLM's CUDA attention backends see them: the logical cache
+    [blocks, Hkv, block_size, 2 * D] (tokens-major LBNHC or heads-major LBHNC strides) holding
+    every token's K/V at its slot, query/key/value of all scheduled tokens, the block table, and
+    the trie requests (request 0 is a plain chain between them). prefix_keys/values and parents
+    are the plain tensors an independent reference needs."""
+
+    layout: PagedKVLayout
+    kv_cache: torch.Tensor
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    block_table: torch.Tensor
+    requests: list[TreeRequest]
+    parents: list[torch.Tensor]
+    prefix_keys: list[torch.Tensor]
+    prefix_values: list[torch.Tensor]
+
+
+def wrapper_case(dtype: torch.dtype, device: torch.device, tokens_major: bool = True,
+                 prefix_lens: tuple[int, ...] = (37, 5), heads: int = 4, kv_heads: int = 2,
+                 head_dim: int = 32, block_size: int = 16, seed: int = 0) -> WrapperCase:
+    """A random batch: a chain request (prefix 20, 5 tokens), then one trie request per prefix
+    length (K = 3 drafts of 4 tokens over a 3-token alphabet, so they share prefixes)."""
+    gen = torch.Generator().manual_seed(seed)
+    tries = [build_request_trie(1, torch.randint(0, 3, (3, 4), generator=gen), 64)
+             for _ in prefix_lens]
+    prefixes = [20, *prefix_lens]
+    counts = [5, *(t.num_nodes for t in tries)]
+    need = [-(-(p + n) // block_size) for p, n in zip(prefixes, counts, strict=True)]
+    num_blocks = sum(need) + 3
+    perm = torch.randperm(num_blocks, generator=gen)
+    block_table = torch.zeros(len(need), max(need) + 1, dtype=torch.int32)
+    used = 0
+    for i, k in enumerate(need):
+        block_table[i, :k] = perm[used:used + k]
+        used += k
+    physical = (num_blocks, block_size, kv_heads, 2 * head_dim) if tokens_major else \
+        (num_blocks, kv_heads, block_size, 2 * head_dim)
+    kv_cache = torch.zeros(physical, dtype=dtype)
+    if tokens_major:
+        kv_cache = kv_cache.permute(0, 2, 1, 3)  # logical [blocks, Hkv, block_size, 2D]
+    total = sum(counts)
+    query = torch.randn(total, heads, head_dim, generator=gen).to(dtype)
+    key = torch.randn(total, kv_heads, head_dim, generator=gen).to(dtype)
+    value = torch.randn(total, kv_heads, head_dim, generator=gen).to(dtype)
+    requests, prefix_keys, prefix_values = [], [], []
+    start = 0
+    for i, (p, n) in enumerate(zip(prefixes, counts, strict=True)):
+        pk = torch.randn(p, kv_heads, head_dim, generator=gen).to(dtype)
+        pv = torch.randn(p, kv_heads, head_dim, generator=gen).to(dtype)
+        ks, vs = torch.cat([pk, key[start:start + n]]), torch.cat([pv, value[start:start + n]])
+        for pos in range(p + n):  # what the backend's reshape_and_cache writes
+            blk, off = int(block_table[i, pos // block_size]), pos % block_size
+            kv_cache[blk, :, off, :head_dim] = ks[pos]
+            kv_cache[blk, :, off, head_dim:] = vs[pos]
+        if i > 0:
+            trie = tries[i - 1]
+            requests.append(TreeRequest(start, n, p, i, trie.ancestor_mask().to(device)))
+            prefix_keys.append(pk.to(device))
+            prefix_values.append(pv.to(device))
+        start += n
+    return WrapperCase(PagedKVLayout(block_size, head_dim), kv_cache.to(device),
+                       query.to(device), key.to(device), value.to(device),
+                       block_table.to(device), requests, [t.parents for t in tries],
+                       prefix_keys, prefix_values)
+
+
+def run_wrapper(case: WrapperCase, scale: float = 0.25) -> torch.Tensor:
+    """The CUDA tree wrapper over a no-op native kernel (output starts at zero)."""
+    context = TreeBatchContext()
+    context.set(case.requests)
+    impl = SimpleNamespace(forward=lambda *args, **kwargs: None, scale=scale)
+    forward = CudaTreeMaskForward(impl, case.layout, context)
+    output = torch.zeros_like(case.query)
+    forward(None, case.query, case.key, case.value, case.kv_cache,
+            SimpleNamespace(block_table=case.block_table), output=output)
+    return output
+
+
+@contextlib.contextmanager
+def kernel_backend(choice: str) -> Iterator[None]:
+    """SPECDIFF_KERNELS=choice for the duration (the dispatch reads it at every call)."""
+    saved = os.environ.get(ENV_VAR)
+    os.environ[ENV_VAR] = choice
+    try:
+        yield
+    finally:
+        if saved is None:
+            del os.environ[ENV_VAR]
+        else:
+            os.environ[ENV_VAR] = saved
+
+
+def check_layout_moves(case: WrapperCase) -> None:
+    """gather/move through `PagedKVLayout` equal plain indexing of the logical cache."""
+    req = case.requests[0]
+    rows = torch.arange(req.query_start, req.query_start + req.num_nodes, device=case.key.device)
+    table = case.block_table[req.batch_index].long()
+    pos = req.prefix_len + torch.arange(req.num_nodes, device=rows.device)
+    slots = table[pos // case.layout.block_size] * case.layout.block_size \
+        + pos % case.layout.block_size
+    keys, values = case.layout.gather(case.kv_cache, slots)
+    if not (torch.equal(keys, case.key[rows]) and torch.equal(values, case.value[rows])):
+        raise RuntimeError("PagedKVLayout.gather does not read what the backend wrote")
+    cache = case.kv_cache.clone()  # keeps the strides
+    case.layout.move(cache, slots[1:3], slots[:2])
+    moved_k, moved_v = case.layout.gather(cache, slots[:2])
+    kept_k, _ = case.layout.gather(cache, slots[2:])
+    if not (torch.equal(moved_k, keys[1:3]) and torch.equal(moved_v, values[1:3])
+            and torch.equal(kept_k, keys[2:])):
+        raise RuntimeError("PagedKVLayout.move did not copy the entries between slots")
+
+
+def check_tree_wrapper(dtype: torch.dtype, device: torch.device, repeats: int) -> list[Row]:
+    """The CUDA path of self-selection (`plugin.tree_attention_cuda`) on both cache layouts:
+    the wrapper through the dispatch (Triton on CUDA) vs the same wrapper on the torch
+    reference; gather/move must equal plain indexing exactly (else RuntimeError)."""
+    rows = []
+    backend = select_backend(TREE_ATTENTION_KERNEL, device)
+    for tokens_major in (True, False):
+        case = wrapper_case(dtype, device, tokens_major=tokens_major)
+        check_layout_moves(case)
+        got = run_wrapper(case)
+        with kernel_backend("torch"):
+            want = run_wrapper(case)
+        nodes = sum(r.num_nodes for r in case.requests)
+        if not torch.isfinite(got).all() or not bool(got[:5].eq(0).all()) or \
+                bool(got[case.requests[0].query_start:].eq(0).all()):
+            raise RuntimeError("the tree wrapper wrote the wrong rows")
+        es = case.query.element_size()
+        nbytes = (2 * nodes * case.query[0].numel() + case.kv_cache.numel()) * es
+        layout = "LBNHC" if tokens_major else "LBHNC"
+        rows.append(Row("tree wrapper (vLLM CUDA layout)",
+                        f"B={len(case.requests)} nodes={nodes} {layout}",
+                        f"{backend} via dispatch" + _where(device, triton=backend == "triton"),
+                        time_it(lambda case=case: run_wrapper(case), device, repeats), nbytes,
+                        (got.float() - want.float()).abs().max().item()))
+    return rows
+
+
 def _where(device: torch.device, triton: bool) -> str:
     """Label rows that are not GPU measurements."""
     if device.type == "cuda":
@@ -271,6 +419,7 @@ def main(argv: list[str] | None = None) -> str:
         rows += bench_attention(shape, dtype, device, args.repeats)
     for shape in GPU_LOGPROBS if on_gpu else CPU_LOGPROBS:
         rows += bench_logprobs(shape, dtype, device, args.repeats)
+    rows += check_tree_wrapper(dtype, device, args.repeats)
     name = torch.cuda.get_device_name(device) if on_gpu else (
         "CPU (Triton interpreted)" if select_backend(STREAK_KERNEL, device) == "triton" else
         "CPU (torch paths only)")

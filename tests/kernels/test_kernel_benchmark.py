@@ -24,7 +24,8 @@ def test_cpu_benchmark_writes_a_table(tmp_path):
     rows = [line for line in table.splitlines() if line.startswith("| tree") or
             line.startswith("| draft")]
     impls = [row.split("|")[3].strip() for row in rows]
-    assert impls == ["SDPA dense mask (CPU)", "torch reference (CPU)", "unfused torch (CPU)"]
+    assert impls == ["SDPA dense mask (CPU)", "torch reference (CPU)", "unfused torch (CPU)",
+                     "torch via dispatch (CPU)", "torch via dispatch (CPU)"]  # the tree wrapper
     for row in rows:
         assert float(row.split("|")[4]) > 0  # a time was measured
         assert float(row.split("|")[7]) < 1e-4  # SDPA with a dense mask matches the reference

@@ -91,6 +91,7 @@ def test_tree_attention_matches_dense_attention_per_path():
     ({"candidates": "argmax"}, "'candidates'"),
     ({"candidates": ["argmax", "beam"]}, "'candidates'"),
     ({"selection": "best"}, "'selection'"),
+    ({"selection": "walk"}, r"must be one of \['tau', 'tree'\], got 'walk'"),
     ({"K": 2, "max_tree_tokens": 4}, "use >= 5"),
     ({"K": 2, "max_tree_tokens": 200}, "vLLM's limit"),
 ])
@@ -103,16 +104,19 @@ def test_bad_tree_option_is_named(section, named):
 
 def test_k_above_one_selects_the_tree_worker():
     from vllm_specdiff.commands.serve import tree_worker_argv
-    from vllm_specdiff.plugin.config import TREE_WORKER, parse_specdiff_config
+    from vllm_specdiff.plugin.config import CPU_TREE_WORKER, parse_specdiff_config
     from vllm_specdiff.plugin.engine import specdiff_engine_args
 
     assert "worker_cls" not in specdiff_engine_args(4)  # K = 1: vLLM's own worker and path
     args = specdiff_engine_args(4, K=3, drafter_temperature=1.5)
-    assert args["worker_cls"] == TREE_WORKER and args["async_scheduling"] is False
+    assert args["worker_cls"] == CPU_TREE_WORKER and args["async_scheduling"] is False
+    assert "compilation_config" not in args  # CUDA graphs are a CUDA matter
     assert args["additional_config"]["specdiff"]["K"] == 3
     config = parse_specdiff_config({"specdiff": {"K": 2}}, gamma=4)
-    assert tree_worker_argv(["m"], config) == ["m", "--worker-cls", TREE_WORKER]
-    assert tree_worker_argv(["m", "--worker-cls", "x.W"], config) == ["m", "--worker-cls", "x.W"]
+    assert tree_worker_argv(["m"], config) == ["m", "--worker-cls", CPU_TREE_WORKER,
+                                               "--no-async-scheduling"]
+    assert tree_worker_argv(["m", "--worker-cls", "x.W"], config) == [
+        "m", "--worker-cls", "x.W", "--no-async-scheduling"]
     assert tree_worker_argv(["m"], parse_specdiff_config(None)) == ["m"]
 
 

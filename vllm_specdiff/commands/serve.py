@@ -17,12 +17,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.metadata
+import json
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 from vllm_specdiff.commands.common import expand_speculative_model, json_option, option_values
-from vllm_specdiff.plugin.config import TREE_WORKER, SpecDiffConfig
+from vllm_specdiff.plugin.config import SpecDiffConfig, tree_engine_args
 from vllm_specdiff.plugin.engine import PROPOSER_PATH
 
 USES_VLLM = True
@@ -61,11 +63,26 @@ def check_specdiff_args(argv: list[str]) -> SpecDiffConfig | None:
     return config
 
 
-def tree_worker_argv(argv: list[str], config: SpecDiffConfig | None) -> list[str]:
-    """K > 1 needs the tree-verifying worker: add `--worker-cls` unless the user chose one."""
-    if config is None or config.K == 1 or option_values(argv, "--worker-cls"):
+def _given(argv: list[str], *names: str) -> bool:
+    """Whether any spelling of an option appears (`--x v`, `--x=v`, `--x.sub=v`, `-O3`)."""
+    return any(arg.startswith(names) for arg in argv)
+
+
+def tree_worker_argv(argv: list[str], config: SpecDiffConfig | None,
+                     platform: Any = None) -> list[str]:  # noqa: ANN401
+    """K > 1: the flags of `config.tree_engine_args` for this platform (the tree-verifying
+    worker, async scheduling off; on CUDA piecewise CUDA graphs), each unless the user set it."""
+    if config is None or config.K == 1:
         return argv
-    return [*argv, "--worker-cls", TREE_WORKER]
+    extra = tree_engine_args(platform)
+    argv = list(argv)
+    if not _given(argv, "--worker-cls"):
+        argv += ["--worker-cls", extra["worker_cls"]]
+    if not _given(argv, "--async-scheduling", "--no-async-scheduling"):
+        argv.append("--no-async-scheduling")
+    if "compilation_config" in extra and not _given(argv, "--compilation-config", "-cc", "-O"):
+        argv += ["--compilation-config", json.dumps(extra["compilation_config"])]
+    return argv
 
 
 def _is_cpu_build() -> bool:
@@ -118,11 +135,16 @@ def serve(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"vllm-specdiff serve: error: {e}", file=sys.stderr)
         return 2
-    argv = tree_worker_argv(default_model_argv(argv), config)
+    argv = default_model_argv(argv)
     if _is_cpu_build() and "VLLM_CPU_KVCACHE_SPACE" not in os.environ \
             and not option_values(argv, "--kv-cache-memory-bytes"):
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = DEFAULT_CPU_KV_CACHE_GIB
-    with vllm_metadata_alias():
+    with vllm_metadata_alias():  # vLLM's platform detection reads the metadata too
+        try:
+            argv = tree_worker_argv(argv, config)
+        except ValueError as e:
+            print(f"vllm-specdiff serve: error: {e}", file=sys.stderr)
+            return 2
         from vllm.entrypoints.cli.main import main as vllm_main
 
         saved = sys.argv

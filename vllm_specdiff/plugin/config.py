@@ -20,7 +20,34 @@ SECTION = "specdiff"
 CANDIDATE_SOURCES = ("argmax", "sample", "ngram")
 SELECTIONS = ("tau",)
 DEFAULT_MAX_TREE_TOKENS = 17
-TREE_WORKER = "vllm_specdiff.plugin.tree_runner.SpecDiffCPUWorker"
+CPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner.SpecDiffCPUWorker"
+GPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner_gpu.SpecDiffGPUWorker"
+# CUDA: the tree rows are recomputed around each attention call, so attention must stay out of
+# CUDA graphs (piecewise graphs keep it between the pieces).
+TREE_CUDA_COMPILATION_CONFIG = {"cudagraph_mode": "PIECEWISE"}
+
+
+def tree_worker(platform: Any = None) -> str:  # noqa: ANN401
+    """worker_cls for K > 1 on this vLLM platform (default: vLLM's current one): the one place
+    that decides, for `specdiff_engine_args`, `vllm-specdiff serve/generate` and the errors."""
+    if platform is None:
+        from vllm.platforms import current_platform as platform
+    if platform.is_cpu():
+        return CPU_TREE_WORKER
+    if platform.is_cuda():
+        return GPU_TREE_WORKER
+    raise ValueError(f"{_opt('K')} > 1 (tree verification) supports vLLM's CPU and CUDA "
+                     f"platforms, not {getattr(platform, 'device_name', platform)!r}; use K = 1")
+
+
+def tree_engine_args(platform: Any = None) -> dict[str, Any]:  # noqa: ANN401
+    """The engine arguments K > 1 needs on this platform: the tree-verifying worker, async
+    scheduling off and, on CUDA, attention outside CUDA graphs."""
+    worker = tree_worker(platform)
+    args: dict[str, Any] = {"worker_cls": worker, "async_scheduling": False}
+    if worker == GPU_TREE_WORKER:
+        args["compilation_config"] = dict(TREE_CUDA_COMPILATION_CONFIG)
+    return args
 
 
 @dataclass(frozen=True)
@@ -47,7 +74,7 @@ class SpecDiffConfig:
       uses are dropped first.
     log_interval: seconds between the drafter's log lines (0 disables them).
     K: candidate drafts per request and step (self-selection). K > 1 verifies all of them in
-      one tree-masked verifier forward and needs the worker `TREE_WORKER`.
+      one tree-masked verifier forward and needs the worker `tree_worker()`.
     candidates: where the K candidates come from: candidate 0 is always the argmax draft
       ("argmax"); the others are sampled from the drafter's marginals at drafter_temperature
       ("sample"); with

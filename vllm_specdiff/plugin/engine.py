@@ -16,9 +16,9 @@ from typing import Any
 
 from vllm_specdiff.plugin.config import (
     SECTION,
-    TREE_WORKER,
     check_num_speculative_tokens,
     parse_specdiff_config,
+    tree_engine_args,
 )
 
 PROPOSER_PATH = "vllm_specdiff.SpecDiffProposer"
@@ -32,8 +32,9 @@ def specdiff_engine_args(num_speculative_tokens: int = DEFAULT_GAMMA,
     options are the drafter settings of `SpecDiffConfig` (the names in `config.OPTIONS`:
     drafter, lora, drafter_temperature, top_k, steps, context_window, cache_size,
     cache_bytes, K, max_tree_tokens, ...); they are validated here, so a bad option fails before
-    the engine starts. K > 1 also selects the tree-verifying worker (`worker_cls`) and turns
-    async scheduling off.
+    the engine starts. K > 1 also selects the tree-verifying worker of this platform
+    (`worker_cls`, `config.tree_worker`), turns async scheduling off and, on CUDA, keeps
+    attention out of CUDA graphs (`compilation_config`): `config.tree_engine_args`.
     """
     check_num_speculative_tokens(num_speculative_tokens)
     section = {k: v for k, v in options.items() if v is not None}
@@ -44,8 +45,7 @@ def specdiff_engine_args(num_speculative_tokens: int = DEFAULT_GAMMA,
         "additional_config": {SECTION: section},
     }
     if config.K > 1:  # K candidates are verified as a trie by our worker; K = 1 needs none
-        args["worker_cls"] = TREE_WORKER
-        args["async_scheduling"] = False
+        args.update(tree_engine_args())
     return args
 
 

@@ -27,11 +27,11 @@ from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
 from vllm_specdiff.plugin.adaptive import AdaptiveDrafting, Plan
 from vllm_specdiff.plugin.candidates import candidate_drafts, ngram_draft
 from vllm_specdiff.plugin.config import (
-    TREE_WORKER,
     SpecDiffConfig,
     check_drafter_for,
     check_num_speculative_tokens,
     parse_specdiff_config,
+    tree_worker,
 )
 from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
 from vllm_specdiff.plugin.trie import RequestTrie, build_request_trie
@@ -137,9 +137,10 @@ class SpecDiffProposer:
         from vllm_specdiff.drafter import load_drafter
 
         if self.config.K > 1 and not self.trees_enabled:
+            worker = tree_worker()
             raise ValueError(f"additional_config['specdiff']['K'] = {self.config.K} needs the "
-                             f"tree-verifying worker: add worker_cls={TREE_WORKER!r} "
-                             f"(--worker-cls {TREE_WORKER})")
+                             f"tree-verifying worker: add worker_cls={worker!r} "
+                             f"(--worker-cls {worker})")
         device = torch.device("cpu")
         if isinstance(target_model, torch.nn.Module):
             param = next(target_model.parameters(), None)

@@ -13,6 +13,7 @@ the kernel's own `cpu_attn_reshape_and_cache` and records where each (token, dim
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,20 +126,35 @@ def tree_attention(query: torch.Tensor, node_keys: torch.Tensor, node_values: to
 
 
 class TreeBatchContext:
-    """The trie requests of the forward in progress (set by the runner around the forward)."""
+    """The trie requests of the forward in progress (set by the runner around the forward).
+
+    `memo` keeps what a platform's wrapper derives from the requests once per forward (e.g.
+    the batched tensors of the CUDA path), not once per layer.
+    """
 
     def __init__(self) -> None:
         self.requests: list[TreeRequest] = []
+        self._memo: dict[str, Any] = {}
 
     def set(self, requests: list[TreeRequest]) -> None:
         self.requests = requests
+        self._memo = {}
 
     def clear(self) -> None:
         self.requests = []
+        self._memo = {}
+
+    def memo(self, name: str, build: Callable[[], Any]) -> Any:  # noqa: ANN401
+        """build() on the first call per forward, then its result."""
+        if name not in self._memo:
+            self._memo[name] = build()
+        return self._memo[name]
 
 
 def _unsupported(impl: Any) -> str | None:  # noqa: ANN401
-    if getattr(impl, "sliding_window", -1) not in (-1, None):
+    """The attention feature of `impl` that tree rows recomputed without it would get wrong."""
+    # CPU: -1 or None without a window; CUDA backends: (-1, -1).
+    if getattr(impl, "sliding_window", -1) not in (-1, None, (-1, -1)):
         return "sliding-window attention"
     if getattr(impl, "logits_soft_cap", 0):
         return "attention logit soft-capping"
@@ -148,14 +164,22 @@ def _unsupported(impl: Any) -> str | None:  # noqa: ANN401
         return "attention sinks"
     if getattr(impl, "is_fp8_kv_cache", False):
         return "an fp8 KV cache"
+    cache_dtype = str(getattr(impl, "kv_cache_dtype", "auto"))  # vLLM's is_quantized_kv_cache
+    if cache_dtype.startswith(("fp8", "int", "nvfp4")) or cache_dtype.endswith("per_token_head"):
+        return "a quantized KV cache"
+    if getattr(impl, "chunk_lookback", -1) not in (-1, None):
+        return "chunked local attention"
+    if getattr(impl, "kv_sharing_target_layer_name", None) is not None:
+        return "cross-layer KV sharing"  # the layer gets no K/V of its own
     return None
 
 
-class TreeMaskForward:
-    """Replaces one layer's `impl.forward`: native kernel for the batch, then torch attention
-    with the tree mask for the trie requests' rows."""
+class TreeForward:
+    """Replaces one layer's `impl.forward`: the native kernel runs the batch (and writes every
+    token's K/V through the slot mapping), then `recompute` overwrites the trie requests' rows
+    with tree-masked attention. Platforms differ only in `recompute` and the cache layout."""
 
-    def __init__(self, impl: Any, layout: CacheLayout, context: TreeBatchContext) -> None:  # noqa: ANN401
+    def __init__(self, impl: Any, layout: Any, context: TreeBatchContext) -> None:  # noqa: ANN401
         self.native = impl.forward
         self.scale = float(impl.scale)
         self.layout = layout
@@ -168,6 +192,22 @@ class TreeMaskForward:
                              **kwargs)
         if attn_metadata is None or not self.context.requests:
             return result
+        self.recompute(query, key, value, kv_cache, attn_metadata, output)
+        return result
+
+    def recompute(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor  # noqa: ANN401
+                  ) -> None:
+        raise NotImplementedError
+
+
+class TreeMaskForward(TreeForward):
+    """CPU: per trie request, the prefix K/V gathered through the probed layout and torch
+    attention with the ancestor mask."""
+
+    def recompute(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                  kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor  # noqa: ANN401
+                  ) -> None:
         bs = self.layout.block_size
         for req in self.context.requests:
             rows = slice(req.query_start, req.query_start + req.num_nodes)
@@ -177,22 +217,22 @@ class TreeMaskForward:
             prefix_k, prefix_v = self.layout.gather(kv_cache, slots)
             output[rows] = tree_attention(query[rows], key[rows], value[rows], prefix_k,
                                           prefix_v, req.mask, self.scale)
-        return result
 
 
-def install_tree_attention(attention_layers: dict[str, Any], context: TreeBatchContext  # noqa: ANN401
-                           ) -> CacheLayout:
-    """Wrap the forward of every attention layer; returns the probed cache layout.
+def wrap_attention_layers(attention_layers: dict[str, Any], impl_types: tuple[type, ...],  # noqa: ANN401
+                          backend: str, layout_for: Callable[[Any, torch.Tensor], Any],  # noqa: ANN401
+                          wrap: Callable[[Any, Any], TreeForward]) -> Any:  # noqa: ANN401
+    """Wrap the forward of every attention layer (once); returns the cache layout, made by
+    `layout_for(layer, kv_cache)` from the first layer.
 
-    Raises a clear error for attention features the torch path does not reproduce.
+    Raises a clear error for another backend or attention features the tree path does not
+    reproduce.
     """
-    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
-
-    layout: CacheLayout | None = None
+    layout: Any = None
     for name, layer in attention_layers.items():
         impl = layer.impl
-        if not isinstance(impl, CPUAttentionBackendImpl):
-            raise ValueError(f"tree verification (K > 1) needs vLLM's CPU attention backend; "
+        if not isinstance(impl, impl_types):
+            raise ValueError(f"tree verification (K > 1) needs {backend}; "
                              f"layer {name} uses {type(impl).__name__}")
         reason = _unsupported(impl)
         if reason is not None:
@@ -201,12 +241,25 @@ def install_tree_attention(attention_layers: dict[str, Any], context: TreeBatchC
         kv_cache = layer.kv_cache
         if not isinstance(kv_cache, torch.Tensor):
             raise ValueError(f"layer {name} has no KV cache tensor")
-        _, heads, block_size, _ = kv_cache.shape
         if layout is None:
-            layout = CacheLayout.probe(heads, block_size, impl.head_size, kv_cache.dtype,
-                                       layer.isa)
-        if not isinstance(impl.forward, TreeMaskForward):
-            impl.forward = TreeMaskForward(impl, layout, context)
+            layout = layout_for(layer, kv_cache)
+        if not isinstance(impl.forward, TreeForward):
+            impl.forward = wrap(impl, layout)
     if layout is None:
         raise ValueError("tree verification found no attention layers")
     return layout
+
+
+def _probe_layout(layer: Any, kv_cache: torch.Tensor) -> CacheLayout:  # noqa: ANN401
+    _, heads, block_size, _ = kv_cache.shape
+    return CacheLayout.probe(heads, block_size, layer.impl.head_size, kv_cache.dtype, layer.isa)
+
+
+def install_tree_attention(attention_layers: dict[str, Any], context: TreeBatchContext  # noqa: ANN401
+                           ) -> CacheLayout:
+    """Wrap the forward of every CPU attention layer; returns the probed cache layout."""
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl
+
+    return wrap_attention_layers(attention_layers, (CPUAttentionBackendImpl,),
+                                 "vLLM's CPU attention backend", _probe_layout,
+                                 lambda impl, layout: TreeMaskForward(impl, layout, context))
