@@ -249,12 +249,15 @@ class WrapperCase:
 
 def wrapper_case(dtype: torch.dtype, device: torch.device, tokens_major: bool = True,
                  prefix_lens: tuple[int, ...] = (37, 5), heads: int = 4, kv_heads: int = 2,
-                 head_dim: int = 32, block_size: int = 16, seed: int = 0) -> WrapperCase:
+                 head_dim: int = 32, block_size: int = 16, seed: int = 0,
+                 draft_shapes: tuple[tuple[int, int], ...] | None = None) -> WrapperCase:
     """A random batch: a chain request (prefix 20, 5 tokens), then one trie request per prefix
-    length (K = 3 drafts of 4 tokens over a 3-token alphabet, so they share prefixes)."""
+    length (by default K = 3 drafts of 4 tokens; `draft_shapes` gives (K, gamma) per request;
+    over a 3-token alphabet, so they share prefixes)."""
     gen = torch.Generator().manual_seed(seed)
-    tries = [build_request_trie(1, torch.randint(0, 3, (3, 4), generator=gen), 64)
-             for _ in prefix_lens]
+    shapes = draft_shapes or ((3, 4),) * len(prefix_lens)
+    tries = [build_request_trie(1, torch.randint(0, 3, shape, generator=gen), 128)
+             for shape in shapes]
     prefixes = [20, *prefix_lens]
     counts = [5, *(t.num_nodes for t in tries)]
     need = [-(-(p + n) // block_size) for p, n in zip(prefixes, counts, strict=True)]

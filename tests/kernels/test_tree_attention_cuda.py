@@ -67,6 +67,21 @@ def test_cuda_wrapper_rows_equal_dense_attention_per_path(monkeypatch, backend, 
                                        atol=1e-4, rtol=1e-4)
 
 
+def test_cuda_wrapper_packs_tries_of_different_mask_widths(monkeypatch):
+    """A trie wider than one 32-bit mask word next to a small one (masks padded to one width),
+    GQA 8/2, head dim 64, block size 32, through the Triton kernel."""
+    monkeypatch.setenv("SPECDIFF_KERNELS", "triton")
+    case = wrapper_case(torch.float32, CPU, prefix_lens=(3, 70), heads=8, head_dim=64,
+                        block_size=32, draft_shapes=((12, 6), (2, 3)), seed=1)
+    assert case.requests[0].num_nodes > 32 >= case.requests[1].num_nodes
+    out = run_wrapper(case, SCALE)
+    for i, req in enumerate(case.requests):
+        for node in range(req.num_nodes):
+            torch.testing.assert_close(out[req.query_start + node],
+                                       dense_path_attention(case, i, node),
+                                       atol=1e-4, rtol=1e-4)
+
+
 def test_cuda_wrapper_in_bfloat16_through_triton_matches_the_torch_reference(monkeypatch):
     monkeypatch.setenv("SPECDIFF_KERNELS", "triton")
     rows = check_tree_wrapper(torch.bfloat16, CPU, 1)
