@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 
 import pytest
 
@@ -27,20 +28,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_verifier, tiny_drafter, tmp_path_factory):
+@contextmanager
+def _serving(tiny_verifier, tiny_drafter, log_path, options: dict):
+    """`vllm-specdiff serve` with these SpecDiff options until the block ends: (base URL, model,
+    log path)."""
     import requests
 
     port = _free_port()
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
-    extra = {"specdiff": {"log_interval": 0.5}}
     # the shorthand spelling; tests/vllm/test_options.py checks it expands to
     # --speculative-config plus the drafter merged into --additional-config
     cmd = [sys.executable, "-P", "-m", "vllm_specdiff.cli", "serve", str(tiny_verifier),
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",
            "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32",
            "--speculative-model", str(tiny_drafter), "--num-speculative-tokens", str(GAMMA),
-           "--additional-config", json.dumps(extra)]
+           "--additional-config", json.dumps({"specdiff": options})]
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
     env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     log = open(log_path, "w")
@@ -71,6 +72,13 @@ def server(tiny_verifier, tiny_drafter, tmp_path_factory):
                 os.kill(proc.pid, signal.SIGKILL)
                 proc.wait(timeout=10)
         log.close()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_verifier, tiny_drafter, tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("server") / "server.log"
+    with _serving(tiny_verifier, tiny_drafter, log_path, {"log_interval": 0.5}) as served:
+        yield served
 
 
 def _stream(base: str, path: str, body: dict) -> list[dict]:
@@ -152,3 +160,43 @@ def test_metrics_show_spec_decode_counters(server):
     while "SpecDiff drafter:" not in log_path.read_text() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert "SpecDiff drafter:" in log_path.read_text()
+
+
+def _completion(base: str, model: str, prompt: str, max_tokens: int) -> dict:
+    import requests
+
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}
+    r = requests.post(base + "/v1/completions", json=body, timeout=120)
+    r.raise_for_status()
+    return r.json()
+
+
+def test_serve_with_four_candidates_matches_one(server, tiny_verifier, tiny_drafter,
+                                                tmp_path):
+    """K = 4 through `vllm-specdiff serve` (it adds the tree worker): greedy text equal to the
+    K = 1 server's, trie steps logged, and /metrics counting the committed path only."""
+    import requests
+
+    prompts = ["w1 w2 w3 w4", "w7 w3 w7 w3 w7", "w2 w9"]
+    base1, model, _ = server
+    expected = [_completion(base1, model, p, 24)["choices"][0]["text"] for p in prompts]
+    options = {"K": 4, "candidates": ["argmax", "sample"], "drafter_temperature": 1.5,
+               "max_tree_tokens": 4 * GAMMA + 1, "adaptive": False, "log_interval": 0.5}
+    with _serving(tiny_verifier, tiny_drafter, tmp_path / "server_k4.log", options) as served:
+        base, _, log_path = served
+        got = [_completion(base, model, p, 24) for p in prompts]
+        assert [g["choices"][0]["text"] for g in got] == expected
+        assert all(g["usage"]["completion_tokens"] == 24 for g in got)
+        text = requests.get(base + "/metrics", timeout=30).text
+        deadline = time.monotonic() + 10
+        while "self-selection (K=4)" not in log_path.read_text() and time.monotonic() < deadline:
+            _completion(base, model, prompts[0], 4)
+            time.sleep(0.5)
+        assert "self-selection (K=4)" in log_path.read_text()
+    drafts = _metric(text, "vllm:spec_decode_num_drafts_total")
+    draft_tokens = _metric(text, "vllm:spec_decode_num_draft_tokens_total")
+    accepted = _metric(text, "vllm:spec_decode_num_accepted_tokens_total")
+    assert drafts > 0
+    assert draft_tokens == GAMMA * drafts  # the committed chain of each trie, not its nodes
+    assert 0 <= accepted <= draft_tokens
