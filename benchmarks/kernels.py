@@ -372,6 +372,20 @@ def check_tree_wrapper(dtype: torch.dtype, device: torch.device, repeats: int) -
     return rows
 
 
+# Max |wrapper - torch reference| allowed per dtype (the kernel tests' tolerances).
+WRAPPER_TOLERANCE = {torch.float32: 1e-4, torch.float16: 3e-3, torch.bfloat16: 3e-2}
+
+
+def check_wrapper_rows(rows: list[Row], dtype: torch.dtype) -> None:
+    """Fail the run (after the table is written) when the tree wrapper's rows differ from the
+    torch reference by more than the dtype's tolerance: on a GPU this is the CUDA path's check."""
+    bad = [f"{r.shape}: {r.max_diff:.2e}" for r in rows
+           if r.kernel.startswith("tree wrapper") and not r.max_diff <= WRAPPER_TOLERANCE[dtype]]
+    if bad:
+        raise RuntimeError(f"tree wrapper differs from the torch reference beyond "
+                           f"{WRAPPER_TOLERANCE[dtype]:.0e} ({dtype}): {'; '.join(bad)}")
+
+
 def _where(device: torch.device, triton: bool) -> str:
     """Label rows that are not GPU measurements."""
     if device.type == "cuda":
@@ -433,6 +447,7 @@ def main(argv: list[str] | None = None) -> str:
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(table)
+    check_wrapper_rows(rows, dtype)
     return table
 
 

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from vllm_specdiff.core import backends
-from vllm_specdiff_benchmarks.kernels import check_tree_wrapper, run_wrapper, wrapper_case
+from vllm_specdiff_benchmarks.kernels import (
+    Row,
+    check_tree_wrapper,
+    check_wrapper_rows,
+    run_wrapper,
+    wrapper_case,
+)
 from vllm_specdiff_kernels import TREE_ATTENTION_KERNEL
 
 # Triton's interpreter converts arrays to index scalars the way NumPy >= 1.25 deprecates.
@@ -97,3 +103,13 @@ def test_the_gpu_check_catches_a_wrapper_that_ignores_the_tree(monkeypatch):
                         lambda self, *args: None)
     with pytest.raises(RuntimeError, match="wrong rows"):
         check_tree_wrapper(torch.float32, CPU, 1)
+
+
+def test_the_gpu_check_fails_beyond_the_dtype_tolerance():
+    row = Row("tree wrapper (vLLM CUDA layout)", "B=2", "triton via dispatch", 1.0, 1, 2e-4)
+    check_wrapper_rows([row], torch.bfloat16)
+    with pytest.raises(RuntimeError, match="beyond 1e-04"):
+        check_wrapper_rows([row], torch.float32)
+    row.max_diff = float("nan")
+    with pytest.raises(RuntimeError, match="nan"):
+        check_wrapper_rows([row], torch.bfloat16)
