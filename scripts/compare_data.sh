@@ -19,7 +19,9 @@
 # another directory, as `generate` refuses to resume with other settings).
 # SPECDIFF_DATACMP_STEPS (default 100) optimizer steps per run, SPECDIFF_DATACMP_PARALLEL
 # (default 2) jobs at a time, SPECDIFF_DATACMP_WINDOWS (default 512: with 16 windows per
-# held-out sequence, all of 8 shards' 28 held-out prompts) held-out windows per data set.
+# held-out sequence, all of 8 shards' 28 held-out prompts) held-out windows per data set;
+# SPECDIFF_DATACMP_VERIFIER_WINDOWS (default 0: off) T = 1 windows also scored with the verifier
+# pass, which checks the estimate (its JSON has both figures on the same windows).
 # Training settings are those of scripts/compare_losses.sh (scripts/compare_common.sh).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -83,8 +85,15 @@ compare_eval "$GREEDY" "$EVALS/greedy-data.json" "$WINDOWS" "${CANDIDATES[@]}" \
 compare_eval "$T1" "$EVALS/t1-data.json" "$WINDOWS" "${CANDIDATES[@]}" \
   > "$CACHE/logs/datacmp-eval-t1.log" 2>&1 &
 wait
+CHECK=()  # optional: the verifier pass on a few T = 1 windows, to check the estimate against it
+if [ "${SPECDIFF_DATACMP_VERIFIER_WINDOWS:-0}" -gt 0 ]; then
+  compare_eval "$T1" "$EVALS/t1-data-verifier.json" "$SPECDIFF_DATACMP_VERIFIER_WINDOWS" \
+    "${CANDIDATES[@]:0:${#CANDIDATES[@]}-3}" > "$CACHE/logs/datacmp-eval-t1-verifier.log" 2>&1
+  CHECK=(--check-eval "$EVALS/t1-data-verifier.json")
+fi
 RUN_DIRS=()
 for run in "${RUNS[@]}"; do RUN_DIRS+=(--run "$run=$CACHE/runs/datacmp-$run"); done
 "$BIN/python" "$ROOT/scripts/data_comparison_report.py" --greedy-data "$GREEDY" --t1-data "$T1" \
   --greedy-eval "$EVALS/greedy-data.json" --t1-eval "$EVALS/t1-data.json" --steps "$STEPS" \
-  --generate-log "$CACHE/logs/datacmp-generate.json" "${RUN_DIRS[@]}" --output "$RESULT"
+  --generate-log "$CACHE/logs/datacmp-generate.json" "${RUN_DIRS[@]}" "${CHECK[@]}" \
+  --output "$RESULT"

@@ -81,22 +81,23 @@ def run_summary(run_dir: Path, steps: int) -> dict[str, Any]:
 
 
 def generate_summary(path: Path) -> dict[str, Any]:
-    """Sum the JSON summaries `generate` printed (one per (re)start) in one file."""
-    decoder, text, pos = json.JSONDecoder(), path.read_text(), 0
+    """Sum the JSON summaries `generate` printed (one per (re)start) in its stdout, which also
+    holds vLLM's log lines: each summary is the JSON object that starts a line with `{`."""
+    decoder, text = json.JSONDecoder(), path.read_text()
     total = {"generated_tokens": 0, "seconds": 0.0}
-    while (pos := _skip_space(text, pos)) < len(text):
-        summary, pos = decoder.raw_decode(text, pos)
-        total["generated_tokens"] += summary.get("generated_tokens", 0)
-        total["seconds"] += summary.get("seconds", 0.0)
+    starts = [0] if text.startswith("{") else []
+    starts += [i + 1 for i, c in enumerate(text) if c == "\n" and text[i + 1:i + 2] == "{"]
+    for start in starts:
+        try:
+            summary, _ = decoder.raw_decode(text, start)
+        except json.JSONDecodeError:
+            continue
+        if "generated_tokens" in summary:
+            total["generated_tokens"] += summary["generated_tokens"]
+            total["seconds"] += summary.get("seconds", 0.0)
     seconds = total["seconds"]
     total["tokens_per_s"] = total["generated_tokens"] / seconds if seconds else None
     return total
-
-
-def _skip_space(text: str, pos: int) -> int:
-    while pos < len(text) and text[pos].isspace():
-        pos += 1
-    return pos
 
 
 def paired(values: list[float], base: list[float]) -> dict[str, float]:
@@ -122,6 +123,20 @@ def table(evals: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 per = f"{metric}_per_window"
                 row[key + "_vs_" + BASELINE] = paired(results[name][per], results[BASELINE][per])
         rows[name] = row
+    return rows
+
+
+def estimate_check(check: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """The T = 1 estimate from the verifier's samples against the verifier pass's figures, on the
+    same windows: expected accepted length of sampled drafts and the token streak, and their
+    paired difference (zero in expectation: both are sums over x of P(x) Q(x))."""
+    rows = {}
+    for name, r in check["results"].items():
+        rows[name] = {"windows": r["windows"],
+                      "expected_accepted_length": r["expected_accepted_length"],
+                      "verifier_token_streak": r["verifier_token_streak"],
+                      "difference": paired(r["verifier_token_streak_per_window"],
+                                           r["expected_accepted_length_per_window"])}
     return rows
 
 
@@ -161,6 +176,8 @@ def main() -> int:
     parser.add_argument("--generate-log", type=Path, help="the T = 1 `generate` JSON summaries")
     parser.add_argument("--run", action="append", default=[], help="NAME=RUN_DIR, repeated")
     parser.add_argument("--steps", type=int, required=True, help="the compared budget")
+    parser.add_argument("--check-eval", type=Path,
+                        help="an eval of the T = 1 data with the verifier pass (a few windows)")
     args = parser.parse_args()
     data = {"greedy": data_summary(args.greedy_data), "t1": data_summary(args.t1_data)}
     check_same_prompts(data["greedy"], data["t1"])
@@ -178,6 +195,10 @@ def main() -> int:
                      "eval_t1_data": evals["t1"]["command"]},
         "evals": evals,
     }
+    if args.check_eval:
+        check = json.loads(args.check_eval.read_text())
+        out["estimate_check"] = estimate_check(check)
+        out["commands"]["eval_t1_data_verifier_pass"] = check["command"]
     args.output.parent.mkdir(parents=True, exist_ok=True)
     out["plot"] = str(plot(evals, args.output.with_suffix(".png")))
     args.output.write_text(json.dumps(out, indent=2) + "\n")

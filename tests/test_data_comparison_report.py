@@ -30,6 +30,8 @@ def test_paired_difference_and_its_standard_error():
 def test_generate_summaries_of_several_restarts_are_summed(tmp_path):
     log = tmp_path / "g.json"
     log.write_text(json.dumps({"generated_tokens": 100, "seconds": 10.0}, indent=2) + "\n"
+                   + "(MainProcess pid=1) INFO non-default args: {'dtype': 'float32'}\n"
+                   + "{not json either\n"
                    + json.dumps({"shards": 8, "skipped": 8, "generated_tokens": 0,
                                  "seconds": 0.0}) + "\n"
                    + json.dumps({"generated_tokens": 50, "seconds": 5.0}) + "\n")
@@ -57,3 +59,13 @@ def test_the_two_data_sets_must_hold_the_same_prompts():
     with pytest.raises(ValueError, match="differ in their prompts"):
         check({"prompts": [0, 1], "heldout_prompts": [1]}, {"prompts": [0, 2],
                                                              "heldout_prompts": [1]})
+
+
+def test_estimate_check_pairs_the_estimate_with_the_verifier_pass():
+    check = {"results": {"a": {"windows": 2, "expected_accepted_length": 0.5,
+                               "verifier_token_streak": 0.6,
+                               "verifier_token_streak_per_window": [0.5, 0.7],
+                               "expected_accepted_length_per_window": [0.4, 0.6]}}}
+    row = _script().estimate_check(check)["a"]
+    assert row["difference"]["difference"] == pytest.approx(0.1)
+    assert row["difference"]["stderr"] == pytest.approx(0.0, abs=1e-12)
