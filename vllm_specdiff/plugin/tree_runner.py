@@ -114,8 +114,9 @@ def chain_metadata(draft_lists: list[list[int]], device: torch.device) -> SpecDe
     )
 
 
-class SpecDiffCPUModelRunner(CPUModelRunner):
-    """vLLM's CPU model runner plus trie verification for the SpecDiff proposer (K > 1)."""
+class TreeVerificationRunner:
+    """Trie verification for the SpecDiff proposer (K > 1), mixed into one of vLLM's model
+    runners (`SpecDiffCPUModelRunner`); the platform's part is `_install_tree_attention`."""
 
     def __init__(self, vllm_config: Any, device: torch.device) -> None:  # noqa: ANN401
         super().__init__(vllm_config, device)
@@ -145,9 +146,13 @@ class SpecDiffCPUModelRunner(CPUModelRunner):
         from vllm.model_executor.layers.attention import Attention
 
         layers = get_layers_from_vllm_config(self.vllm_config, Attention)
-        self.tree_layout = install_tree_attention(layers, self.tree_context)
+        self.tree_layout = self._install_tree_attention(layers)
         self._kv_caches = list({id(layer.kv_cache): layer.kv_cache
                                 for layer in layers.values()}.values())
+
+    def _install_tree_attention(self, layers: dict[str, Any]) -> CacheLayout:
+        """Wrap the attention layers with the tree-mask path; returns the KV cache layout."""
+        raise NotImplementedError
 
     # ---- one step -------------------------------------------------------------------------------
     def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray  # noqa: ANN401
@@ -275,6 +280,13 @@ class SpecDiffCPUModelRunner(CPUModelRunner):
         if not self._proposed:
             self._tries = {}  # vLLM sent zero drafts (context near max_model_len) or none
         return out
+
+
+class SpecDiffCPUModelRunner(TreeVerificationRunner, CPUModelRunner):
+    """vLLM's CPU model runner plus trie verification (tree rows recomputed in torch)."""
+
+    def _install_tree_attention(self, layers: dict[str, Any]) -> CacheLayout:
+        return install_tree_attention(layers, self.tree_context)
 
 
 class SpecDiffCPUWorker(CPUWorker):
