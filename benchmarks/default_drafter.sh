@@ -12,7 +12,7 @@
 # Runs:
 #   b1_t0   batch 1, T = 0: plain, vLLM ngram, vLLM draft_model (the AR baseline, where it was
 #           exported), the untrained base drafter, the default drafter adaptive and at fixed
-#           gamma 8 and 4 (adaptive against the best fixed gamma)
+#           gamma 8, 4 and 2 (adaptive against the best fixed gamma)
 #   b1_t1   batch 1, T = 1: plain, ngram, the default drafter adaptive and fixed
 #   b16_t0  batch 16, T = 0: plain, ngram, the default drafter adaptive and at fixed gamma 8, 4
 # benchmarks/prompts/chat_heldout.jsonl: general chat prompts on topics no training prompt
@@ -27,7 +27,7 @@ LIMIT="${SPECDIFF_BENCH_LIMIT:-8}"
 SETS=(humaneval "$ROOT/benchmarks/prompts/chat_heldout.jsonl")
 AR="${SPECDIFF_AR_DRAFTER:-${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}/drafters/ar-drafter}"
 FIXED="specdiff2:adaptive=false,specdiff2:adaptive=false:gamma=4"
-B1="plain,ngram,specdiff-base,specdiff2,$FIXED"
+B1="plain,ngram,specdiff-base,specdiff2,$FIXED,specdiff2:adaptive=false:gamma=2"
 EXTRA=()
 if [ -f "$AR/config.json" ]; then
   B1="$B1,draft-model"
