@@ -18,7 +18,7 @@ from vllm_specdiff.drafter.quantize import QUANTIZE_MODES
 
 SECTION = "specdiff"
 CANDIDATE_SOURCES = ("argmax", "sample", "ngram")
-SELECTIONS = ("tau",)
+SELECTIONS = ("tau", "tree")
 DEFAULT_MAX_TREE_TOKENS = 17
 CPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner.SpecDiffCPUWorker"
 GPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner_gpu.SpecDiffGPUWorker"
@@ -79,8 +79,10 @@ class SpecDiffConfig:
       ("argmax"); the others are sampled from the drafter's marginals at drafter_temperature
       ("sample"); with
       "ngram", a prompt-lookup match (vLLM's ngram matching) replaces candidate 1 when found.
-    selection: how the committed draft is chosen: "tau" (highest expected accepted length,
-      then vLLM's own point-mass verification of that chain).
+    selection: how a trie is committed: "tau" (the candidate with the highest expected
+      accepted length, then vLLM's own point-mass verification of that chain) or "tree" (the
+      multi-candidate tree walk over all candidates, `core.verify_tree`; requests it cannot
+      serve exactly, `tree_runner.tree_rule_eligible`, commit as with "tau").
     max_tree_tokens: verifier tokens per request and step for K > 1 (root included); trailing
       candidates are dropped until the merged trie fits.
     quantize: "auto" (int8 linears on CPU, none on GPUs), "int8" (CPU only) or "none". The

@@ -130,6 +130,7 @@ class SpecDiffProposer:
         self.chosen_sources: dict[str, int] = {}
         self.tau_chosen = 0.0
         self.tau_all = 0.0
+        self.tree_walks = self.tree_walks_several = 0  # selection "tree": walked steps
 
     # ---- vLLM interface -------------------------------------------------------------------------
     def load_model(self, target_model: Any = None, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
@@ -372,10 +373,14 @@ class SpecDiffProposer:
         return drafts, ("argmax", "ngram") + sources[2:]
 
     def record_tree_steps(self, accepted: list[int], selected: list[int], sources: list[str],
-                          tau_chosen: list[float], tau_mean: list[float]) -> None:
+                          tau_chosen: list[float], tau_mean: list[float], walked: int = 0,
+                          several_tried: int = 0) -> None:
         """The runner reports its trie verify steps: accepted length, k*, the source of k*, tau of
-        k* and the mean tau of all candidates (per request)."""
+        k* and the mean tau of all candidates (per request); with selection "tree", how many of
+        them the tree walk committed and how many of those tried several children at a node."""
         with self._lock:
+            self.tree_walks += walked
+            self.tree_walks_several += several_tried
             self.tree_stats.record(accepted, self.gamma, selected, self.config.K)
             for source in sources:
                 self.chosen_sources[source] = self.chosen_sources.get(source, 0) + 1
@@ -418,7 +423,9 @@ class SpecDiffProposer:
             out["tree"] = {**self.tree_stats.to_dict(),
                            "chosen_sources": dict(self.chosen_sources),
                            "mean_tau_chosen": self.tau_chosen / steps if steps else 0.0,
-                           "mean_tau_all": self.tau_all / steps if steps else 0.0}
+                           "mean_tau_all": self.tau_all / steps if steps else 0.0,
+                           "tree_walk_steps": self.tree_walks,
+                           "tree_walk_steps_trying_several_children": self.tree_walks_several}
         if self.drafter is not None:
             out["drafter_cache"] = self.drafter.cache_stats()
             out["quantization"] = self.drafter.quantization
@@ -436,6 +443,7 @@ class SpecDiffProposer:
             self.tree_stats = SpecDecodeStats()
             self.chosen_sources = {}
             self.tau_chosen = self.tau_all = 0.0
+            self.tree_walks = self.tree_walks_several = 0
 
     def _maybe_log(self) -> None:
         interval = self.config.log_interval

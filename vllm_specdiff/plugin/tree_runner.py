@@ -10,6 +10,8 @@ vLLM 0.32 verifies one chain of draft tokens per request. This runner (reached t
 3. `_sample` scores the candidates from the node logits (core `score_drafts`), picks k*, and hands
    vLLM's own rejection sampler the chain [root, path of k*] with its logits rows, so the commit
    follows vLLM's sampling semantics exactly (point mass, greedy, seeds, bonus token, logprobs);
+   with selection "tree", requests the walk serves exactly (`tree_rule_eligible`) are then
+   recommitted with the multi-candidate tree walk (`_walk_trees`, core `verify_tree`);
 4. the KV entries of the accepted path are copied to the request's canonical slots; the slots
    past the committed length are overwritten by later steps, as with plain speculative decoding.
 
@@ -31,7 +33,7 @@ from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-from vllm_specdiff.core import score_drafts
+from vllm_specdiff.core import Verdict, score_drafts, target_probs, verify_tree
 from vllm_specdiff.plugin.tree_attention import (
     CacheLayout,
     TreeBatchContext,
@@ -56,13 +58,24 @@ class StepTrie:
 
 @dataclass(frozen=True)
 class Selection:
-    """The candidate chosen for one request: k*, its trie nodes, its tau and the mean tau."""
+    """The committed candidate of one request: k (k* of the tau rule; for the tree walk the
+    lowest candidate holding the accepted path), its trie nodes (for the walk: the accepted
+    ones), the tau of every candidate, and for the walk whether a node tried several children."""
 
     k: int
     source: str
     path: torch.Tensor
-    tau: float
-    tau_mean: float
+    taus: torch.Tensor
+    walked: bool = False
+    several_tried: bool = False
+
+    @property
+    def tau(self) -> float:
+        return float(self.taus[self.k])
+
+    @property
+    def tau_mean(self) -> float:
+        return float(self.taus.mean())
 
 
 def tree_eligible(params: Any) -> bool:  # noqa: ANN401
@@ -74,6 +87,60 @@ def tree_eligible(params: Any) -> bool:  # noqa: ANN401
     return (params.presence_penalty == 0 and params.frequency_penalty == 0
             and params.repetition_penalty == 1 and not params.bad_words
             and getattr(params, "structured_outputs", None) is None)
+
+
+def tree_rule_eligible(params: Any) -> bool:  # noqa: ANN401
+    """Whether the tree walk (selection "tree") commits this request exactly as vLLM would
+    sample it. The walk applies temperature, top-k, top-p and the request's seed; what else
+    vLLM's rejection sampler honours needs its chain: sample logprobs (and logprob_token_ids)
+    are read off the chain's rows, allowed_token_ids and min_tokens mask the drafts' rows,
+    min_p and logit_bias shape the bonus token, the thinking budget tracks the drafts. Such
+    requests commit the tau-selected chain through vLLM's rejection sampler."""
+    return (params.logprobs is None and not params.logprob_token_ids
+            and not params.allowed_token_ids and params.min_tokens == 0
+            and params.min_p == 0 and not params.logit_bias
+            and params.thinking_token_budget is None)
+
+
+def walk_candidate(trie: RequestTrie, nodes: torch.Tensor) -> int:
+    """The lowest candidate whose path starts with the walk's accepted nodes (nothing accepted:
+    0). A trie the scheduler cut may hold a branch of a dropped candidate; then the candidate
+    sharing the longest prefix with the walk."""
+    count = int(nodes.shape[0])
+    if count == 0:
+        return 0
+    shared = (trie.draft_nodes[:, :count] == nodes.to(trie.draft_nodes)).long().cumprod(dim=1)
+    return int(shared.sum(dim=1).argmax())  # argmax: the first maximum, i.e. the lowest k
+
+
+def tried_several_children(trie: RequestTrie, nodes: torch.Tensor) -> bool:
+    """Whether the walk along [root, nodes] tried more than one child at some node: it accepted
+    a child that is not its parent's first, or rejected all of at least two at its last node
+    (children are tried in node order, as `verify_tree` does)."""
+    parents = trie.parents.tolist()
+    path = [0, *nodes.tolist()]
+    for depth, node in enumerate(path):
+        children = [c for c, parent in enumerate(parents) if parent == node]
+        if depth + 1 < len(path):
+            if children.index(path[depth + 1]) > 0:
+                return True
+        elif len(children) > 1:
+            return True
+    return False
+
+
+def _custom_logits_processors(logitsprocs: Any) -> bool:  # noqa: ANN401
+    """Whether the engine loaded logits processors beyond vLLM's built-in ones (min_p,
+    logit_bias, min_tokens, which `tree_rule_eligible` checks per request): the walk cannot
+    apply them, so selection "tree" then commits every trie as "tau"."""
+    from vllm.v1.sample.logits_processor.builtin import (
+        LogitBiasLogitsProcessor,
+        MinPLogitsProcessor,
+        MinTokensLogitsProcessor,
+    )
+
+    builtin = (LogitBiasLogitsProcessor, MinPLogitsProcessor, MinTokensLogitsProcessor)
+    return any(not isinstance(proc, builtin) for proc in logitsprocs.all)
 
 
 def _filters(params: Any, vocab: int) -> tuple[float, int | None, float | None]:  # noqa: ANN401
@@ -112,6 +179,23 @@ def chain_metadata(draft_lists: list[list[int]], device: torch.device) -> SpecDe
         bonus_logits_indices=torch.from_numpy(cu_sampled - 1).to(device),
         logits_indices=torch.arange(int(cu_sampled[-1]), dtype=torch.int32, device=device),
     )
+
+
+def _walked_selection(trie: RequestTrie, verdict: Verdict, taus: torch.Tensor) -> Selection:
+    """The Selection of a tree walk (one request): its accepted nodes, attributed to the lowest
+    candidate holding them."""
+    assert verdict.accepted_nodes is not None
+    nodes = verdict.accepted_nodes[0, :int(verdict.num_accepted[0])].cpu()
+    k = walk_candidate(trie, nodes)
+    return Selection(k, trie.sources[k], nodes, taus, walked=True,
+                     several_tried=tried_several_children(trie, nodes))
+
+
+def _write_row(row: torch.Tensor, verdict: Verdict) -> None:
+    """Overwrite one request's output row with the walk's tokens (accepted + emitted)."""
+    count = int(verdict.num_accepted[0]) + 1
+    row.fill_(-1)
+    row[:count] = verdict.tokens[0, :count].to(row)
 
 
 class TreeVerificationRunner:
@@ -201,6 +285,10 @@ class TreeVerificationRunner:
         if sampling_metadata.spec_token_ids is not None:
             sampling_metadata = replace(sampling_metadata, spec_token_ids=drafts)
         output = self.rejection_sampler(metadata, None, chain_logits, sampling_metadata)
+        if self.drafter.config.selection == "tree" \
+                and not _custom_logits_processors(self.input_batch.logitsprocs):
+            paths = self._walk_trees(logits, spec_decode_metadata, output.sampled_token_ids,
+                                     paths)
         self._commit_kv(output.sampled_token_ids, paths)
         self._step_tries = {}
         return output
@@ -224,14 +312,38 @@ class TreeVerificationRunner:
                 params = self.requests[self.input_batch.req_ids[i]].sampling_params
                 k, tau = select_candidate(step.trie, logits[start:start + n + 1], params)
                 path = step.trie.draft_nodes[k]
-                paths[i] = Selection(k, step.trie.sources[k], path, float(tau[k]),
-                                     float(tau.mean()))
+                paths[i] = Selection(k, step.trie.sources[k], path, tau.float().cpu())
                 rows.append(start)
                 rows.extend((start + path).tolist())
                 drafts.append(step.trie.tokens[path].tolist())
             start += n + 1
             draft_start += n
         return rows, drafts, paths
+
+    # The multi-candidate rule; a class attribute so a test can swap in a broken rule.
+    tree_rule = staticmethod(verify_tree)
+
+    def _walk_trees(self, logits: torch.Tensor, meta: SpecDecodeMetadata, sampled: torch.Tensor,
+                    paths: dict[int, Selection]) -> dict[int, Selection]:
+        """Selection "tree": recommit each eligible trie with the tree walk over its node
+        probabilities (the request's own temperature/top-k/top-p, its seeded generator), in
+        place of the tau chain vLLM just verified: its row of `sampled` becomes the walk's
+        tokens (-1 padded), so vLLM's counters and outputs see the committed path."""
+        starts = np.cumsum([0, *(n + 1 for n in meta.num_draft_tokens)])
+        generators = self.input_batch.sampling_metadata.generators
+        walked = dict(paths)
+        for i, chosen in paths.items():
+            req_id = self.input_batch.req_ids[i]
+            params = self.requests[req_id].sampling_params
+            if not tree_rule_eligible(params):
+                continue
+            trie = self._step_tries[req_id].trie
+            node_logits = logits[int(starts[i]):int(starts[i + 1])]
+            probs = target_probs(node_logits, *_filters(params, node_logits.shape[-1]))
+            verdict = self.tree_rule(probs, trie.token_tree(), generators.get(i))
+            walked[i] = _walked_selection(trie, verdict, chosen.taus)
+            _write_row(sampled[i], verdict)
+        return walked
 
     def _commit_kv(self, sampled: torch.Tensor, paths: dict[int, Selection]) -> None:
         """Copy the accepted nodes' KV to the canonical slots (depth j -> linear index j), and
@@ -252,7 +364,10 @@ class TreeVerificationRunner:
         self.drafter.record_tree_steps(accepted_all, [c.k for c in paths.values()],
                                        [c.source for c in paths.values()],
                                        [c.tau for c in paths.values()],
-                                       [c.tau_mean for c in paths.values()])
+                                       [c.tau_mean for c in paths.values()],
+                                       walked=sum(c.walked for c in paths.values()),
+                                       several_tried=sum(c.several_tried
+                                                         for c in paths.values()))
         if not src:
             return
         src_t, dst_t = torch.stack(src), torch.stack(dst)
