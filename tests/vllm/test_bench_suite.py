@@ -117,6 +117,9 @@ def test_method_specs_become_engine_arguments():
     assert section["K"] == 4 and section["drafter_temperature"] == 1.5
     assert section["candidates"] == ["argmax", "sample", "ngram"]
     assert engine_args(methods[2], Drafters())["speculative_config"]["num_speculative_tokens"] == 8
+    lookup = engine_args(parse_methods("specdiff2-lookup", 8)[1], Drafters())
+    assert lookup["additional_config"]["specdiff"]["candidates"] == ["argmax", "ngram"]
+    assert "worker_cls" not in lookup  # K = 1: vLLM's own worker
     assert parse_value("argmax+sample") == ["argmax", "sample"]
     assert [parse_value(v) for v in ("false", "null", "3", "0.5", "none")] == \
         [False, None, 3, 0.5, "none"]

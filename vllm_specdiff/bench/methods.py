@@ -27,6 +27,8 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     "draft-model": ("draft_model", {}),
     "specdiff-base": ("specdiff_base", {}),
     "specdiff2": ("specdiff", {}),
+    # K = 1: prompt lookup's continuation where the context repeats, the drafter's elsewhere
+    "specdiff2-lookup": ("specdiff", {"candidates": ["argmax", "ngram"]}),
     "specdiff2-k2": ("specdiff", {"K": 2, **TREE_PRESET}),
     "specdiff2-k4": ("specdiff", {"K": 4, **TREE_PRESET}),
 }

@@ -2,7 +2,8 @@
 
 Candidate 0 is the argmax draft, so self-selection never scores below K = 1; the others are
 sampled independently per position from the drafter's marginals at T_d; with "ngram", candidate 1
-comes from prompt lookup (matched as vLLM's `ngram` method does) when the context repeats. The
+comes from prompt lookup (matched as vLLM's `ngram` method does) when the context repeats; with
+K = 1, a row with a lookup match drafts its continuation instead of the drafter's. The
 point-mass rule never reads draft probabilities, so a candidate's source cannot affect
 losslessness.
 """
@@ -29,10 +30,10 @@ def candidate_drafts(logits: torch.Tensor, num_candidates: int, temperature: flo
     return torch.cat([argmax, sampled], dim=1)
 
 
-def ngram_draft(context: np.ndarray, gamma: int, fill: torch.Tensor) -> torch.Tensor | None:
+def lookup_continuation(context: np.ndarray, gamma: int) -> np.ndarray | None:
     """Prompt lookup, matched as vLLM's `ngram` method does: the longest suffix of the context
-    (NGRAM_MIN..NGRAM_MAX tokens) that occurred earlier, at its earliest occurrence; the tokens
-    that followed it, padded with `fill` [G]. None when nothing matches.
+    (NGRAM_MIN..NGRAM_MAX tokens) that occurred earlier, at its earliest occurrence; the (at most
+    gamma) tokens that followed it. None when nothing matches.
 
     numpy, not vLLM's numba function: importing numba leaves an llvmlite object in sys.modules
     that breaks vLLM's kernel registration for every later engine in the process.
@@ -44,8 +45,16 @@ def ngram_draft(context: np.ndarray, gamma: int, fill: torch.Tensor) -> torch.Te
         hits = np.flatnonzero((windows == tokens[length - n:]).all(axis=1))
         if hits.size:
             start = int(hits[0]) + n
-            found = torch.from_numpy(tokens[start:start + gamma].copy())
-            draft = fill.clone()
-            draft[: found.shape[0]] = found
-            return draft
+            return tokens[start:start + gamma].copy()
     return None
+
+
+def ngram_draft(context: np.ndarray, gamma: int, fill: torch.Tensor) -> torch.Tensor | None:
+    """The "ngram" candidate: `lookup_continuation` padded to gamma with `fill` [G]; None when
+    nothing matches."""
+    found = lookup_continuation(context, gamma)
+    if found is None:
+        return None
+    draft = fill.clone()
+    draft[: found.shape[0]] = torch.from_numpy(found)
+    return draft

@@ -79,6 +79,8 @@ class SpecDiffConfig:
       ("argmax"); the others are sampled from the drafter's marginals at drafter_temperature
       ("sample"); with
       "ngram", a prompt-lookup match (vLLM's ngram matching) replaces candidate 1 when found.
+      With K = 1, "ngram" makes a row whose context has a lookup match draft the lookup's
+      continuation instead of the drafter's (no drafter call for it).
     selection: how a trie is committed: "tau" (the candidate with the highest expected
       accepted length, then vLLM's own point-mass verification of that chain) or "tree" (the
       multi-candidate tree walk over all candidates, `core.verify_tree`; requests it cannot

@@ -25,7 +25,7 @@ import torch
 
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
 from vllm_specdiff.plugin.adaptive import AdaptiveDrafting, Plan
-from vllm_specdiff.plugin.candidates import candidate_drafts, ngram_draft
+from vllm_specdiff.plugin.candidates import candidate_drafts, lookup_continuation, ngram_draft
 from vllm_specdiff.plugin.config import (
     SpecDiffConfig,
     check_drafter_for,
@@ -109,6 +109,7 @@ class SpecDiffProposer:
         self.stats = self._new_stats()
         self.propose_calls = 0
         self.drafted_rows = 0
+        self.lookup_drafts = 0  # K = 1 with "ngram": rows drafted by prompt lookup
         self.drafter_seconds = 0.0
         # per context signature, one entry per row (rows with identical contexts, e.g. greedy
         # n > 1, each keep theirs)
@@ -228,19 +229,25 @@ class SpecDiffProposer:
         lengths = self._draft_lengths(decoded, start, verified)
         rows = [(row, length) for row, length in zip(decoded, lengths, strict=True) if length]
         encoded = 0
+        drafter_rows: set[int] = set()
         if rows:
             allowed = [self.tree_rows is None or bool(self.tree_rows[r.index]) for r, _ in rows]
-            tokens, tries = self._draft([r.context for r, _ in rows], [n for _, n in rows],
-                                        allowed)
-            for (row, _), draft, trie in zip(rows, tokens, tries, strict=True):
+            tokens, tries, by_drafter = self._draft([r.context for r, _ in rows],
+                                                    [n for _, n in rows], allowed)
+            for (row, n), draft, trie, used in zip(rows, tokens, tries, by_drafter, strict=True):
                 drafts[row.index] = draft
                 self.last_tries[row.index] = trie
-            encoded = sum(self._encoded(row) + n for row, n in rows)
-            self._observe_full_tokens(drafts, rows)
+                if used:
+                    encoded += self._encoded(row) + n
+                    drafter_rows.add(row.index)
+            self._observe_full_tokens(drafts, [r for r in rows if r[0].index in drafter_rows])
         for row, length in zip(decoded, lengths, strict=True):
             n = int(row.context.shape[0])
+            # a lookup draft may be shorter than its length; a trie has more nodes than depth
+            depth = min(length, len(drafts[row.index]))
             self._pending.setdefault(self._signature(row.context.numpy()), []).append(_Pending(
-                length, len(drafts[row.index]), n if length else row.drafted_upto))
+                depth, len(drafts[row.index]),
+                n if row.index in drafter_rows else row.drafted_upto))
         elapsed = time.perf_counter() - start
         self._observe_call(encoded, elapsed)
         with self._lock:
@@ -313,15 +320,22 @@ class SpecDiffProposer:
             self.adaptive.observe_accepted(accepted, depths)
 
     def _draft(self, contexts: list[torch.Tensor], lengths: list[int], allowed: list[bool]
-               ) -> tuple[list[list[int]], list[RequestTrie | None]]:
+               ) -> tuple[list[list[int]], list[RequestTrie | None], list[bool]]:
         """`lengths[j]` draft tokens for context j. Rows near the position limit get shorter
         drafts than gamma; the drafter runs once per distinct length (once, away from it).
         With K > 1 a full-length row the runner allows (`allowed[j]`) gets a trie of K candidates
-        instead."""
+        instead; with K = 1 and "ngram" among the candidates, a row whose context repeats gets
+        the prompt-lookup continuation (at most its length) and no drafter call. Also returns
+        which rows the drafter drafted."""
         out: list[list[int]] = [[] for _ in contexts]
         tries: list[RequestTrie | None] = [None] * len(contexts)
+        by_drafter = [True] * len(contexts)
         for length in sorted(set(lengths), reverse=True):
             group = [j for j, n in enumerate(lengths) if n == length]
+            if self.config.K == 1 and "ngram" in self.config.candidates:
+                group = self._lookup_drafts(contexts, group, length, out, by_drafter)
+                if not group:
+                    continue
             logits = self.drafter.draft_logits([contexts[j] for j in group], length,
                                                steps=min(self.config.steps, length))
             if self.config.K > 1:
@@ -335,7 +349,23 @@ class SpecDiffProposer:
                 tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
             for j, draft in zip(group, tokens, strict=True):
                 out[j] = draft
-        return out, tries
+        return out, tries, by_drafter
+
+    def _lookup_drafts(self, contexts: list[torch.Tensor], group: list[int], length: int,
+                       out: list[list[int]], by_drafter: list[bool]) -> list[int]:
+        """K = 1 with "ngram": the rows of `group` whose context has a prompt-lookup match draft
+        its continuation; returns the rows left for the drafter."""
+        rest = []
+        for j in group:
+            found = lookup_continuation(contexts[j].numpy(), length)
+            if found is None or found.shape[0] == 0:
+                rest.append(j)
+                continue
+            out[j] = found.tolist()
+            by_drafter[j] = False
+            with self._lock:
+                self.lookup_drafts += 1
+        return rest
 
     def _tree_drafts(self, logits: torch.Tensor, group: list[int], contexts: list[torch.Tensor],
                      allowed: list[bool], out: list[list[int]], tries: list[RequestTrie | None]
@@ -402,12 +432,14 @@ class SpecDiffProposer:
         """Drafter time per step and acceptance, as the Python API and log line report them."""
         with self._lock:
             calls, rows, seconds = self.propose_calls, self.drafted_rows, self.drafter_seconds
+            lookups = self.lookup_drafts
             adaptive = {"enabled": False} if self.adaptive is None else self.adaptive.stats()
         out = {
             "gamma": self.gamma,
             "drafter": self.drafter_path,
             "propose_calls": calls,
             "drafted_rows": rows,
+            "lookup_drafts": lookups,
             "drafter_seconds": seconds,
             "drafter_ms_per_step": 1000.0 * seconds / calls if calls else 0.0,
             "mean_accepted_length": self.stats.mean_accepted_length,
@@ -438,6 +470,7 @@ class SpecDiffProposer:
                 self.adaptive.reset_counters()
             self.propose_calls = 0
             self.drafted_rows = 0
+            self.lookup_drafts = 0
             self.drafter_seconds = 0.0
             self._logged = (0, 0.0, 0)
             self.tree_stats = SpecDecodeStats()

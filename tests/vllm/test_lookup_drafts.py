@@ -1,0 +1,80 @@
+"""K = 1 with `candidates: ["argmax", "ngram"]`: prompt lookup where the context repeats.
+
+A row whose context has a lookup match drafts the tokens that followed the match (at most its
+draft length) and costs no drafter call; the other rows get the drafter's argmax draft. Only the
+drafts change, so greedy output stays identical to plain decoding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.vllm.test_options import _proposer
+from tests.vllm.tiny_models import speculative_args, word, word_prompt
+from vllm_specdiff.plugin.candidates import lookup_continuation
+
+
+def test_lookup_continuation_stops_at_gamma_and_at_the_context_end():
+    context = np.array([1, 2, 3, 4, 5, 6, 9, 1, 2, 3])
+    assert lookup_continuation(context, 2).tolist() == [4, 5]  # after [1, 2, 3], earliest
+    assert lookup_continuation(context, 10).tolist() == [4, 5, 6, 9, 1, 2, 3]
+    assert lookup_continuation(np.array([5, 6, 7, 5, 6]), 4).tolist() == [7, 5, 6]
+    assert lookup_continuation(np.array([1, 2, 3, 4]), 3) is None
+
+
+def test_repeating_rows_draft_the_lookup_and_skip_the_drafter(tiny_drafter):
+    proposer = _proposer(tiny_drafter, 256, gamma=4, candidates=["argmax", "ngram"],
+                         adaptive=False)
+    proposer.load_model(None)
+    calls: list[int] = []
+    draft_logits = proposer.drafter.draft_logits
+    proposer.drafter.draft_logits = lambda ctx, n, **kw: calls.append(len(ctx)) or draft_logits(
+        ctx, n, **kw)
+    repeat = [7, 8, 9, 10, 11, 12, 7, 8, 9]  # suffix [7, 8, 9] occurred at the start
+    tokens = np.zeros((2, 64), dtype=np.int64)
+    tokens[0, :9] = repeat
+    tokens[1, :9] = np.arange(20, 29)  # nothing repeats
+    drafts = proposer.propose([[9], [28]], np.array([9, 9]), tokens)
+    assert drafts[0] == [10, 11, 12, 7]  # the continuation of the match, gamma tokens
+    assert len(drafts[1]) == 4  # the drafter's draft
+    assert calls == [1]  # one drafter call, for the row without a match
+    stats = proposer.get_stats()
+    assert stats["lookup_drafts"] == 1 and stats["drafted_rows"] == 2
+
+
+def test_without_ngram_every_row_asks_the_drafter(tiny_drafter):
+    proposer = _proposer(tiny_drafter, 256, gamma=4, adaptive=False)
+    proposer.load_model(None)
+    tokens = np.zeros((1, 64), dtype=np.int64)
+    tokens[0, :9] = [7, 8, 9, 10, 11, 12, 7, 8, 9]
+    proposer.propose([[9]], np.array([9]), tokens)
+    assert proposer.get_stats()["lookup_drafts"] == 0
+
+
+@pytest.mark.vllm
+def test_lookup_drafts_keep_greedy_output_identical(tiny_verifier, tiny_drafter):
+    import gc
+
+    from vllm import LLM, SamplingParams
+
+    from vllm_specdiff.plugin.engine import specdiff_stats
+
+    kwargs = dict(model=str(tiny_verifier), max_model_len=256, max_num_seqs=4, seed=0,
+                  kv_cache_memory_bytes=200_000, dtype="float32", enforce_eager=True)
+    # repeating prompts give lookup matches; the others leave rows to the drafter
+    prompts = [" ".join(word(j % 3) for j in range(12)) if i % 2 else word_prompt(i, 12)
+               for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = LLM(**kwargs)
+    expected = [o.outputs[0].token_ids for o in plain.generate(prompts, params, use_tqdm=False)]
+    del plain
+    gc.collect()
+    spec = LLM(**kwargs, **speculative_args(tiny_drafter, gamma=4, adaptive=False,
+                                            candidates=["argmax", "ngram"]))
+    got = [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)]
+    stats = specdiff_stats(spec)["proposer"]
+    del spec
+    gc.collect()
+    assert got == expected
+    assert 0 < stats["lookup_drafts"] < stats["drafted_rows"]  # both sources drafted
