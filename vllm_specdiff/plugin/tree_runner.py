@@ -1,7 +1,8 @@
-"""Self-selection inside vLLM: K candidate drafts verified in one tree-masked forward (CPU).
+"""Self-selection inside vLLM: K candidate drafts verified in one tree-masked forward.
 
 vLLM 0.32 verifies one chain of draft tokens per request. This runner (reached through
-`worker_cls`, see `SpecDiffCPUWorker`) lets the proposer send a trie of K candidates instead:
+`worker_cls`: `SpecDiffCPUWorker` here, `tree_runner_gpu.SpecDiffGPUWorker` on CUDA) lets the
+proposer send a trie of K candidates instead:
 
 1. the trie's nodes travel as the request's draft tokens, so vLLM schedules them, gives every node
    a KV slot (linear slot order) and a logits row;
@@ -206,8 +207,8 @@ class TreeVerificationRunner:
         super().__init__(vllm_config, device)
         drafter = getattr(self, "drafter", None)
         if not hasattr(drafter, "trees_enabled"):
-            raise ValueError("SpecDiffCPUWorker needs speculative_config.model = "
-                             "'vllm_specdiff.SpecDiffProposer'")
+            raise ValueError(f"{type(self).__name__} (tree verification, K > 1) needs "
+                             "speculative_config.model = 'vllm_specdiff.SpecDiffProposer'")
         if self.use_async_scheduling:
             raise ValueError("tree verification (K > 1) needs async scheduling off "
                              "(--no-async-scheduling / async_scheduling=False)")
