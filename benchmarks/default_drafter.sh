@@ -16,6 +16,8 @@
 #           gamma 8, 4 and 2 (adaptive against the best fixed gamma)
 #   b1_t1   batch 1, T = 1: plain, ngram, the default drafter adaptive (alone, with lookup) and
 #           fixed
+#   b4_t0   batch 4, T = 0: plain, ngram, the default drafter adaptive (alone, with lookup) and
+#           at fixed gamma 4
 #   b16_t0  batch 16, T = 0: plain, ngram, the default drafter adaptive (alone, with lookup)
 #           and at fixed gamma 8, 4
 # benchmarks/prompts/chat_heldout.jsonl: general chat prompts on topics no training prompt
@@ -46,5 +48,8 @@ bench --limit "$LIMIT" --repeats 1 --temperature 0 --batch-size 1 --methods "$B1
 bench --limit "$LIMIT" --repeats 1 --temperature 1 --batch-size 1 \
   --methods plain,ngram,specdiff2,specdiff2-lookup,specdiff2:adaptive=false \
   --json "$OUT/b1_t1.json"
+bench --limit "$LIMIT" --repeats 1 --temperature 0 --batch-size 4 \
+  --methods "plain,ngram,specdiff2,specdiff2-lookup,specdiff2:adaptive=false:gamma=4" \
+  --json "$OUT/b4_t0.json"
 bench --limit 16 --repeats 2 --temperature 0 --batch-size 16 \
   --methods "plain,ngram,specdiff2,specdiff2-lookup,$FIXED" --json "$OUT/b16_t0.json"

@@ -10,8 +10,9 @@
 #   suite_adaptive_b1.json / suite_adaptive_b16.json  adaptive drafting against every fixed
 #                    gamma 1..4 and 8 at batch 1 (T 0), and against plain and fixed gamma 4 and 8
 #                    at batch 16 (16 prompts per set whatever SPECDIFF_BENCH_LIMIT says)
-#   suite_ngram.json vLLM ngram's settings tuned once: lookup windows 1-3, 2-4, 3-5, 2-6 at
-#                    gamma 8 and 2-4 at gamma 4, batch 1, T 0 (the main run uses 2-4, gamma 8)
+#   suite_ngram_*.json vLLM ngram's settings tuned once: lookup windows 1-3, 2-4, 3-5, 2-6 at
+#                    gamma 8 and 2-4 at gamma 4, batch 1, T 0 (the main run uses 2-4, gamma 8);
+#                    one run each (vLLM's ngram breaks engines built after it in a process)
 #
 #   bash benchmarks/suite.sh [OUT]      # ~3 h + ~2 h on 2 idle cores: run it on a quiet machine
 #
@@ -68,10 +69,10 @@ part adaptive && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 
 part adaptive && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 16 \
   --limit 16 --methods "plain,specdiff2,specdiff2:adaptive=false:gamma=4,specdiff2:adaptive=false" \
   --json "$OUT/suite_adaptive_b16.json"
-N="plain"
-for W in 1:3 2:4 3:5 2:6; do
-  N="$N,ngram:prompt_lookup_min=${W%:*}:prompt_lookup_max=${W#*:}"
+for W in 1:3 2:4 3:5 2:6 2:4:4; do  # MIN:MAX[:GAMMA]
+  IFS=: read -r LMIN LMAX NG <<< "$W"
+  part ngram && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 \
+    --methods "plain,ngram:prompt_lookup_min=$LMIN:prompt_lookup_max=$LMAX:gamma=${NG:-8}" \
+    --json "$OUT/suite_ngram_${LMIN}-${LMAX}_g${NG:-8}.json"
 done
-part ngram && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 \
-  --methods "$N,ngram:gamma=4" --json "$OUT/suite_ngram.json"
 exit 0

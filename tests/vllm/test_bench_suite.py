@@ -91,6 +91,7 @@ def test_quick_suite_writes_json_table_and_plots(tmp_path, word_prompts, tiny_ve
     (["--methods", "ngram:prompt_lookup_min=5"], "1 <= min <= max"),
     (["--methods", "plain,draft-model"], "needs --draft-model PATH"),
     (["--methods", "specdiff2,specdiff2"], "given more than once"),
+    (["--methods", "ngram,ngram:gamma=4"], "one ngram method per run"),
     (["--batch-size", "1", "4", "--max-num-seqs", "2"], "below the largest --batch-size 4"),
     (["--repeats", "0"], "--repeats must be >= 1"),
 ])

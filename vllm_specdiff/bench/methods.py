@@ -147,6 +147,10 @@ def parse_methods(text: str, default_gamma: int) -> list[Method]:
     plain = [m for m in methods if m.kind == "plain"]
     if len(plain) > 1:
         raise ValueError("--methods: plain decoding takes no options; give it once")
+    if sum(m.kind == "ngram" for m in methods) > 1:
+        raise ValueError("--methods: one ngram method per run: vLLM's ngram proposer imports "
+                         "numba, which breaks kernel registration for every engine built after "
+                         "it in the same process; run each ngram setting in its own bench run")
     rest = [m for m in methods if m.kind != "plain"]
     return [plain[0] if plain else parse_method(PLAIN, default_gamma), *rest]
 
