@@ -112,26 +112,36 @@ def test_greedy_identical_with_selected_candidates_moving_kv(tiny_verifier, tiny
     gc.collect()
 
 
-def test_logprobs_and_penalty_fallback_match_plain(tiny_verifier, tiny_drafter):
-    """Sample logprobs of trie-verified requests are vLLM's (from the committed chain's rows);
-    a request with a repetition penalty falls back to one argmax draft and stays exact."""
-    from vllm import LLM, SamplingParams
+def plain_then_swapped(tiny_verifier, spec_args: dict, params: list) -> tuple[list, list, dict]:
+    """The first len(params) prompts decoded plainly, then by an engine with `spec_args` and
+    the swapped drafter: (plain outputs, speculative outputs, its tree statistics)."""
+    from vllm import LLM
 
-    prompts = _prompts()[:3]
-    params = [SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2),
-              SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True,
-                             repetition_penalty=1.3),
-              SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)]
+    prompts = _prompts()[: len(params)]
     plain = LLM(**_engine_kwargs(tiny_verifier))
     expected = plain.generate(prompts, params, use_tqdm=False)
     del plain
     gc.collect()
-    spec = LLM(**_engine_kwargs(tiny_verifier), **_tree_args(tiny_drafter, 4, 4))
+    spec = LLM(**_engine_kwargs(tiny_verifier), **spec_args)
     spec.collective_rpc(_swap_top_two)
     got = spec.generate(prompts, params, use_tqdm=False)
     tree = spec.collective_rpc(_proposer_stats)[0]["tree"]
     del spec
     gc.collect()
+    return expected, got, tree
+
+
+def test_logprobs_and_penalty_fallback_match_plain(tiny_verifier, tiny_drafter):
+    """Sample logprobs of trie-verified requests are vLLM's (from the committed chain's rows);
+    a request with a repetition penalty falls back to one argmax draft and stays exact."""
+    from vllm import SamplingParams
+
+    params = [SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True,
+                             repetition_penalty=1.3),
+              SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)]
+    expected, got, tree = plain_then_swapped(tiny_verifier, _tree_args(tiny_drafter, 4, 4),
+                                             params)
     assert [list(o.outputs[0].token_ids) for o in got] == \
         [list(o.outputs[0].token_ids) for o in expected]
     assert tree["steps"] > 0 and sum(tree["chosen_draft_histogram"][1:]) > 0

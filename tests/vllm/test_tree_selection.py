@@ -28,6 +28,7 @@ from tests.vllm.test_tree import (  # noqa: F401 - plain_outputs, small_models: 
     _swap_top_two,
     _tree_args,
     plain_outputs,
+    plain_then_swapped,
     small_models,
 )
 
@@ -116,22 +117,13 @@ def test_greedy_tree_walk_identical_to_plain(tiny_verifier, tiny_drafter, plain_
 def test_requests_the_walk_cannot_serve_commit_the_tau_chain(tiny_verifier, tiny_drafter):
     """Sample logprobs and min_tokens need vLLM's chain: those requests commit the tau chain
     (exact logprobs), the plain one is walked; all outputs equal plain decoding."""
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
-    prompts = _prompts()[:3]
     params = [SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, logprobs=2),
               SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True, min_tokens=4),
               SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)]
-    plain = LLM(**_engine_kwargs(tiny_verifier))
-    expected = plain.generate(prompts, params, use_tqdm=False)
-    del plain
-    gc.collect()
-    spec = LLM(**_engine_kwargs(tiny_verifier), **_walk_args(tiny_drafter, 4, 4))
-    spec.collective_rpc(_swap_top_two)
-    got = spec.generate(prompts, params, use_tqdm=False)
-    tree = spec.collective_rpc(_proposer_stats)[0]["tree"]
-    del spec
-    gc.collect()
+    expected, got, tree = plain_then_swapped(tiny_verifier, _walk_args(tiny_drafter, 4, 4),
+                                             params)
     assert [list(o.outputs[0].token_ids) for o in got] == \
         [list(o.outputs[0].token_ids) for o in expected]
     # one of the three requests is walked: about a third of the trie steps
