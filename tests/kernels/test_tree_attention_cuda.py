@@ -38,6 +38,15 @@ def dense_path_attention(case, req_index: int, node: int) -> torch.Tensor:
     return torch.einsum("hk,khd->hd", weights, values)
 
 
+def assert_trie_rows_match_dense(case, out: torch.Tensor) -> None:
+    """Every trie node's output row equals dense attention over its prefix and ancestors."""
+    for i, req in enumerate(case.requests):
+        for node in range(req.num_nodes):
+            torch.testing.assert_close(out[req.query_start + node],
+                                       dense_path_attention(case, i, node),
+                                       atol=1e-4, rtol=1e-4)
+
+
 def _count_triton_calls(monkeypatch) -> list[int]:
     calls: list[int] = []
     real = backends._triton_loaders[TREE_ATTENTION_KERNEL]
@@ -66,11 +75,7 @@ def test_cuda_wrapper_rows_equal_dense_attention_per_path(monkeypatch, backend, 
     nodes = sum(r.num_nodes for r in case.requests)
     assert calls == ([nodes] if backend == "triton" else [])  # one call for all trie requests
     assert torch.equal(out[:5], torch.zeros_like(out[:5]))  # the chain request: native rows
-    for i, req in enumerate(case.requests):
-        for node in range(req.num_nodes):
-            torch.testing.assert_close(out[req.query_start + node],
-                                       dense_path_attention(case, i, node),
-                                       atol=1e-4, rtol=1e-4)
+    assert_trie_rows_match_dense(case, out)
 
 
 def test_cuda_wrapper_packs_tries_of_different_mask_widths(monkeypatch):
@@ -81,11 +86,7 @@ def test_cuda_wrapper_packs_tries_of_different_mask_widths(monkeypatch):
                         block_size=32, draft_shapes=((12, 6), (2, 3)), seed=1)
     assert case.requests[0].num_nodes > 32 >= case.requests[1].num_nodes
     out = run_wrapper(case, SCALE)
-    for i, req in enumerate(case.requests):
-        for node in range(req.num_nodes):
-            torch.testing.assert_close(out[req.query_start + node],
-                                       dense_path_attention(case, i, node),
-                                       atol=1e-4, rtol=1e-4)
+    assert_trie_rows_match_dense(case, out)
 
 
 def test_cuda_wrapper_in_bfloat16_through_triton_matches_the_torch_reference(monkeypatch):
