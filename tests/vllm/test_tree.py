@@ -278,17 +278,23 @@ def _p_value(a: list[tuple[int, ...]], b: list[tuple[int, ...]]) -> float:
     return float(chi2_contingency(table).pvalue)
 
 
-def test_temperature_one_first_three_tokens_match_plain_sampling(small_models):
+def plain_samples_then_engine(verifier, spec_args: dict) -> tuple[list, object, str]:
+    """Plain sampling's first three tokens (seeds from 0) on the tiny-vocabulary prompt, then a
+    speculative engine with `spec_args` for the same prompt: (samples, engine, prompt)."""
     from vllm import LLM
 
-    verifier, drafter = small_models
     kwargs = _engine_kwargs(verifier, max_num_seqs=32, kv_cache_memory_bytes=2_000_000)
     prompt = " ".join(f"w{i % WORDS_SMALL}" for i in range(7))
     plain = LLM(**kwargs)
     reference = _first_three(plain, prompt, 0)
     del plain
     gc.collect()
-    spec = LLM(**kwargs, **_tree_args(drafter, 4, 4))
+    return reference, LLM(**kwargs, **spec_args), prompt
+
+
+def test_temperature_one_first_three_tokens_match_plain_sampling(small_models):
+    verifier, drafter = small_models
+    reference, spec, prompt = plain_samples_then_engine(verifier, _tree_args(drafter, 4, 4))
     selected = _first_three(spec, prompt, 100_000)
     tree = spec.collective_rpc(_proposer_stats)[0]["tree"]
     assert tree["steps"] > 0 and sum(tree["chosen_draft_histogram"][1:]) > 0

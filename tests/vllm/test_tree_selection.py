@@ -17,7 +17,6 @@ import torch
 
 from tests.vllm.test_tree import (  # noqa: F401 - plain_outputs, small_models: fixtures
     SAMPLES,
-    WORDS_SMALL,
     _counter,
     _engine_kwargs,
     _first_three,
@@ -28,6 +27,7 @@ from tests.vllm.test_tree import (  # noqa: F401 - plain_outputs, small_models: 
     _swap_top_two,
     _tree_args,
     plain_outputs,
+    plain_samples_then_engine,
     plain_then_swapped,
     small_models,
 )
@@ -185,16 +185,10 @@ def _walk_generators(worker) -> list[bool]:
 
 
 def test_temperature_one_tree_walk_matches_plain_sampling(small_models):  # noqa: F811
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     verifier, drafter = small_models
-    kwargs = _engine_kwargs(verifier, max_num_seqs=32, kv_cache_memory_bytes=2_000_000)
-    prompt = " ".join(f"w{i % WORDS_SMALL}" for i in range(7))
-    plain = LLM(**kwargs)
-    reference = _first_three(plain, prompt, 0)
-    del plain
-    gc.collect()
-    spec = LLM(**kwargs, **_walk_args(drafter, 4, 4))
+    reference, spec, prompt = plain_samples_then_engine(verifier, _walk_args(drafter, 4, 4))
     walked = _first_three(spec, prompt, 100_000)
     tree = spec.collective_rpc(_proposer_stats)[0]["tree"]
     assert tree["steps"] >= SAMPLES and tree["tree_walk_steps"] == tree["steps"], tree
