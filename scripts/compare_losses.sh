@@ -9,7 +9,9 @@
 #   bash scripts/compare_losses.sh --continue LOSS STEPS [START_CHECKPOINT]
 #
 # --continue resumes that loss's comparison run up to STEPS optimizer steps in all (the default
-# drafter's second stage, scripts/train_default_drafter.sh streak), and evaluates nothing.
+# drafter's second stage, scripts/train_default_drafter.sh streak), and evaluates nothing;
+# SPECDIFF_COMPARE_DATA (default $SPECDIFF_CACHE_DIR/data/greedy) is its --data then (a resumed
+# run may append directories: DIR,MORE).
 #
 # START_CHECKPOINT: a checkpoint of the default drafter's run (default: its latest).
 # RESULT_JSON: default benchmarks/results/loss_comparison.json (PNG beside it; not in a dated
@@ -41,7 +43,8 @@ TAG="from-$(basename "$START")"
 START_DIR="$(compare_start_dir "$START")"
 
 train() {  # LOSS [STEPS]
-  compare_train "$CACHE/data/greedy" "$START_DIR" "compare-$TAG-$1" "$1" "${2:-$STEPS}"
+  compare_train "${SPECDIFF_COMPARE_DATA:-$CACHE/data/greedy}" "$START_DIR" "compare-$TAG-$1" \
+    "$1" "${2:-$STEPS}"
 }
 if [ ${#CONTINUE[@]} -gt 0 ]; then
   train "${CONTINUE[@]}"

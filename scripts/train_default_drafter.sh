@@ -6,8 +6,10 @@
 #   bash scripts/train_default_drafter.sh            # all stages: corpus, generate, train
 #   bash scripts/train_default_drafter.sh STAGE      # one stage: corpus|generate|train|streak|export
 # `train` is stage 1 (masked cross-entropy, stopped at step 850 for the shipped drafter);
-# `streak` is stage 2: the streak run of scripts/compare_losses.sh (from stage 1's step 850),
-# continued to SPECDIFF_STREAK_STEPS (default 40000) steps.
+# `streak` is stage 2: the streak run of scripts/compare_losses.sh (from stage 1's step 850) on
+# the general corpus's data up to step STAGE2_SWITCH, then continued in the same run to
+# SPECDIFF_STREAK_STEPS (default 40000) steps with the completion corpus's data appended
+# (HumanEval-like "complete this function" requests, which the general corpus has few of).
 # `export` ships the latest checkpoint of stage 2 into the package
 # (vllm_specdiff/assets/default_drafter).
 # `generate` and `train` may run side by side: a (re)started training run reads every shard
@@ -44,12 +46,23 @@ if want corpus && [ ! -f "$CACHE/corpus/prompts.jsonl" ]; then
     --output "$CACHE/corpus/prompts.jsonl" --heldout-output "$CACHE/corpus/chat_heldout.jsonl" \
     --num-code 3000 --num-chat 3000 --num-heldout 60 --seed 0
 fi
+if want corpus && [ ! -f "$CACHE/corpus/complete.jsonl" ]; then
+  $NICE "$BIN/specdiff-distill" corpus --output "$CACHE/corpus/complete.jsonl" \
+    --num-code 1024 --num-chat 0 --code-tasks complete --seed 1
+fi
 
-# Greedy verifier continuations with the top-8 log-probs (soft targets), vLLM batch inference.
-want generate && env $SPEED_ENV VLLM_ENABLE_V1_MULTIPROCESSING=0 $NICE "$BIN/specdiff-distill" generate \
-  --verifier "$V" --prompts "$CACHE/corpus/prompts.jsonl" --output "$CACHE/data/greedy" \
-  --num-samples 1 --temperature 0 --max-new-tokens 128 --top-logprobs 8 --chunk-size 64 \
-  --backend vllm ${SPECDIFF_GENERATE_ARGS:-}
+# Greedy verifier continuations with the top-8 log-probs (soft targets), vLLM batch inference:
+# the completion corpus first (small), then the general one.
+generate() {  # CORPUS DATA_DIR
+  env $SPEED_ENV VLLM_ENABLE_V1_MULTIPROCESSING=0 $NICE "$BIN/specdiff-distill" generate \
+    --verifier "$V" --prompts "$CACHE/corpus/$1.jsonl" --output "$CACHE/data/$2" \
+    --num-samples 1 --temperature 0 --max-new-tokens 128 --top-logprobs 8 --chunk-size 64 \
+    --backend vllm ${SPECDIFF_GENERATE_ARGS:-}
+}
+if want generate; then
+  generate complete greedy-complete
+  generate prompts greedy
+fi
 
 # 4 layers from the verifier; the embedding, layer 0 and the LM head (the verifier's tied
 # embedding, as EAGLE reuses the verifier's head) stay frozen and are rebuilt from the verifier
@@ -62,9 +75,16 @@ want train && env ${SPECDIFF_TRAIN_THREADS:+OMP_NUM_THREADS=$SPECDIFF_TRAIN_THRE
   --freeze-params 'embed_tokens,layers\.0\.,lm_head' --loss mdm --gamma 8 --windows-per-seq 16 \
   --batch-size 4 --steps "$STEPS" --lr 3e-4 --warmup-steps 50 --schedule constant \
   --max-length 640 --heldout-fraction 0.05 --save-every 50 --eval-every 50 --eval-windows 256
-# Stage 2: the streak loss from stage 1's step 850 (the loss comparison's winner).
+# Stage 2: the streak loss from stage 1's step 850 (the loss comparison's winner); from step
+# STAGE2_SWITCH on, the same run (resumed) also trains on the completion data.
+STAGE2_SWITCH=2500
 if want streak; then
-  bash "$ROOT/scripts/compare_losses.sh" --continue streak "${SPECDIFF_STREAK_STEPS:-40000}" \
+  last="$(ls -d "$STREAK_RUN"/checkpoints/step-* 2>/dev/null | sort | tail -n 1)"
+  if [ -z "$last" ] || [ "$((10#${last##*step-}))" -lt "$STAGE2_SWITCH" ]; then
+    bash "$ROOT/scripts/compare_losses.sh" --continue streak "$STAGE2_SWITCH" "$STAGE1_END"
+  fi
+  SPECDIFF_COMPARE_DATA="$CACHE/data/greedy,$CACHE/data/greedy-complete" \
+    bash "$ROOT/scripts/compare_losses.sh" --continue streak "${SPECDIFF_STREAK_STEPS:-40000}" \
     "$STAGE1_END"
 fi
 exit 0

@@ -26,6 +26,8 @@ HELP = {
     "num_code": "code requests made from installed Python source",
     "num_chat": "general chat instructions (templates x training topics)",
     "num_heldout": "held-out chat prompts written to --heldout-output",
+    "code_tasks": "comma-separated kinds of code request: complete (a signature and docstring "
+                  "to complete), explain, fix, test, write, rewrite, annotate",
     "source_roots": "comma-separated directories of Python source (default: this interpreter's "
                     "standard library and site-packages)",
     # generate
@@ -46,7 +48,8 @@ HELP = {
     "dtype": "auto (bf16 on GPUs that have it, else float32), float32, bfloat16, float16",
     "device": "auto, cpu, cuda, cuda:N",
     # train
-    "data": "data directory written by `generate`",
+    "data": "data directory written by `generate`, or several separated by commas (a "
+            "resumed run may append directories)",
     "output": "output directory (train) / JSON file (eval; a PNG is written beside it) / "
               "prompt jsonl (corpus) / slim drafter directory (export)",
     "drafter": "drafter directory to train (e.g. the default block-causal drafter)",

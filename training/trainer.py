@@ -27,6 +27,7 @@ from vllm_specdiff.drafter.vocab import copy_tokenizer_files
 from .data import (
     SequenceData,
     check_fingerprint,
+    data_dirs,
     load_sequences,
     split_heldout,
     tokenizer_fingerprint,
@@ -205,11 +206,19 @@ def _check_same_run(checkpoint: Path, cfg: TrainConfig) -> None:
     """Resuming with other data, model or loss settings would silently train something else."""
     saved = {**_ADDED_FIELDS, **json.loads((checkpoint / "state.json").read_text())["config"]}
     now = asdict(cfg)
-    diff = sorted(k for k in now if k not in _RESUMABLE_CHANGES and saved.get(k) != now[k])
+    diff = sorted(k for k in now if k not in _RESUMABLE_CHANGES and saved.get(k) != now[k]
+                  and not (k == "data" and _appends_data(saved[k], now[k])))
     if diff:
         raise ValueError(f"--output {cfg.output} holds a run with other settings "
                          f"({', '.join('--' + k.replace('_', '-') for k in diff)} differ); "
                          f"use the same settings to resume it, or a new --output")
+
+
+def _appends_data(saved: str, now: str) -> bool:
+    """A resumed run may train on more data: the saved directories, then more (--data A
+    resumed as --data A,B). Nothing of the saved data may go or change places."""
+    old, new = data_dirs(saved), data_dirs(now)
+    return len(new) > len(old) and new[: len(old)] == old
 
 
 def latest_checkpoint(out: Path) -> Path | None:

@@ -69,6 +69,18 @@ def test_corpus_mixes_code_and_chat_and_holds_out_topics(tmp_path):
     assert (tmp_path / "again.jsonl").read_text() == out.read_text()
 
 
+def test_corpus_code_tasks_pick_the_kinds_of_request(tmp_path, capsys):
+    roots = [str(_source_tree(tmp_path / "src"))]
+    out = tmp_path / "complete.jsonl"
+    run_corpus(CorpusConfig(output=str(out), num_code=2, num_chat=0, source_roots=roots,
+                            code_tasks=["complete"]))
+    texts = [json.loads(line)["messages"][0]["content"] for line in out.read_text().splitlines()]
+    assert texts and all(t.startswith("Complete this Python function.") for t in texts)
+    assert all('"""' in t and "total = a + b" not in t for t in texts)  # signature + docstring
+    rc = main(["corpus", "--output", str(tmp_path / "x.jsonl"), "--code-tasks", "complete,sing"])
+    assert rc == 2 and "--code-tasks must name some of complete" in capsys.readouterr().err
+
+
 def test_corpus_cli_refuses_an_empty_corpus(tmp_path, capsys):
     rc = main(["corpus", "--output", str(tmp_path / "x.jsonl"), "--num-code", "0",
                "--num-chat", "0"])

@@ -142,6 +142,44 @@ def test_resume_continues_with_bit_identical_losses(tmp_path, data_dir, verifier
         run_train(_train_cfg(data_dir, part, verifier_dir, resume=False))
 
 
+def test_several_data_directories_load_as_one_with_their_own_prompt_numbers(
+        tmp_path, data_dir, verifier_dir, prompts_file):
+    from vllm_specdiff_training.data import PROMPT_INDEX_STRIDE
+
+    more = tmp_path / "more"
+    _generate(verifier_dir, prompts_file, more, num_samples=1, max_new_tokens=16)
+    one, two = load_sequences(data_dir), load_sequences(more)
+    both = load_sequences(f"{data_dir},{more}")
+    assert len(both) == len(one) + len(two)
+    assert torch.equal(both.sequence(len(one)), two.sequence(0))
+    assert torch.equal(both.prompt_index[:len(one)], one.prompt_index.long())
+    assert torch.equal(both.prompt_index[len(one):], two.prompt_index.long() + PROMPT_INDEX_STRIDE)
+    assert torch.equal(both.soft_targets(len(one))[0], two.soft_targets(0)[0])
+    # appending a directory leaves the first one's held-out prompts as they were
+    held_one = split_heldout(one, 0.25)[1].prompt_index
+    held_both = split_heldout(both, 0.25)[1].prompt_index
+    assert torch.equal(held_both[held_both < PROMPT_INDEX_STRIDE], held_one.long())
+    other = tmp_path / "other"
+    _generate(verifier_dir, prompts_file, other, top_logprobs=0, max_new_tokens=8)
+    with pytest.raises(ValueError, match="top_logprobs differs"):
+        load_sequences(f"{data_dir},{other}")
+
+
+def test_a_resumed_run_may_append_data_but_not_swap_it(tmp_path, data_dir, verifier_dir,
+                                                       prompts_file):
+    more = tmp_path / "more"
+    _generate(verifier_dir, prompts_file, more, num_samples=1, max_new_tokens=16)
+    run_train(_train_cfg(data_dir, tmp_path / "run", verifier_dir, steps=2))
+    with pytest.raises(ValueError, match="--data differ"):
+        run_train(_train_cfg(more, tmp_path / "run", verifier_dir, steps=4))
+    with pytest.raises(ValueError, match="--data differ"):
+        run_train(_train_cfg(f"{more},{data_dir}", tmp_path / "run", verifier_dir, steps=4))
+    summary = run_train(_train_cfg(f"{data_dir},{more}", tmp_path / "run", verifier_dir,
+                                   steps=4))
+    log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4] and summary["steps"] == 4
+
+
 def test_adapter_loads_through_lora_option_and_changes_marginals(tmp_path, data_dir, verifier_dir):
     from vllm_specdiff_training.trainer import Trainer
 
