@@ -40,3 +40,9 @@ def register() -> None:
         logging.getLogger("vllm.specdiff").info(
             "SpecDiff: installed the fix for vLLM's CPU expand_kernel (temperature > 0 "
             "verification, every speculative method)")
+    from vllm_specdiff.plugin.topk_fix import fix_cpu_top_k_only
+
+    if fix_cpu_top_k_only():
+        logging.getLogger("vllm.specdiff").info(
+            "SpecDiff: installed the fix for vLLM's CPU top-k sampler on steps with no draft "
+            "tokens (every speculative method)")
