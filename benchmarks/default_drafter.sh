@@ -10,16 +10,18 @@
 #   bash benchmarks/default_drafter.sh [OUT]      # ~30 minutes on 2 quiet cores
 #
 # Runs:
+# `specdiff2` is the plugin's default (K = 1, adaptive, prompt lookup where the context
+# repeats); `specdiff2-nolookup` is the drafter alone (its accepted length at fixed gamma 8 is
+# issue 9's acceptance target).
 #   b1_t0   batch 1, T = 0: plain, vLLM ngram, vLLM draft_model (the AR baseline, where it was
-#           exported), the untrained base drafter, the default drafter adaptive (alone, and
-#           with prompt lookup where the context repeats: specdiff2-lookup) and at fixed
-#           gamma 8, 4 and 2 (adaptive against the best fixed gamma)
-#   b1_t1   batch 1, T = 1: plain, ngram, the default drafter adaptive (alone, with lookup) and
-#           fixed
-#   b4_t0   batch 4, T = 0: plain, ngram, the default drafter adaptive (alone, with lookup) and
-#           at fixed gamma 4
-#   b16_t0  batch 16, T = 0: plain, ngram, the default drafter adaptive (alone, with lookup)
-#           and at fixed gamma 8, 4
+#           exported), the untrained base drafter, specdiff2 adaptive and at fixed gamma 8, 4
+#           and 2 (adaptive against the best fixed gamma), specdiff2-nolookup adaptive and at
+#           fixed gamma 8
+#   b1_t1   batch 1, T = 1: plain, ngram, specdiff2 adaptive and fixed, specdiff2-nolookup
+#   b4_t0   batch 4, T = 0: plain, ngram, specdiff2 adaptive and at fixed gamma 4,
+#           specdiff2-nolookup
+#   b16_t0  batch 16, T = 0: plain, ngram, specdiff2 adaptive and at fixed gamma 8, 4,
+#           specdiff2-nolookup
 # benchmarks/prompts/chat_heldout.jsonl: general chat prompts on topics no training prompt
 # mentions (written by `specdiff-distill corpus --heldout-output`, seed 0).
 # SPECDIFF_AR_DRAFTER: the draft_model baseline (default: what scripts/train_ar_drafter.sh
@@ -32,7 +34,8 @@ LIMIT="${SPECDIFF_BENCH_LIMIT:-8}"
 SETS=(humaneval "$ROOT/benchmarks/prompts/chat_heldout.jsonl")
 AR="${SPECDIFF_AR_DRAFTER:-${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}/drafters/ar-drafter}"
 FIXED="specdiff2:adaptive=false,specdiff2:adaptive=false:gamma=4"
-B1="plain,ngram,specdiff-base,specdiff2,specdiff2-lookup,$FIXED,specdiff2:adaptive=false:gamma=2"
+B1="plain,ngram,specdiff-base,specdiff2,$FIXED,specdiff2:adaptive=false:gamma=2"
+B1="$B1,specdiff2-nolookup,specdiff2-nolookup:adaptive=false"
 EXTRA=()
 if [ -f "$AR/config.json" ]; then
   B1="$B1,draft-model"
@@ -46,10 +49,10 @@ mkdir -p "$OUT"
 bench --limit "$LIMIT" --repeats 1 --temperature 0 --batch-size 1 --methods "$B1" "${EXTRA[@]}" \
   --json "$OUT/b1_t0.json" --plots "$OUT/plots_b1_t0"
 bench --limit "$LIMIT" --repeats 1 --temperature 1 --batch-size 1 \
-  --methods plain,ngram,specdiff2,specdiff2-lookup,specdiff2:adaptive=false \
+  --methods plain,ngram,specdiff2,specdiff2:adaptive=false,specdiff2-nolookup \
   --json "$OUT/b1_t1.json"
 bench --limit "$LIMIT" --repeats 1 --temperature 0 --batch-size 4 \
-  --methods "plain,ngram,specdiff2,specdiff2-lookup,specdiff2:adaptive=false:gamma=4" \
+  --methods "plain,ngram,specdiff2,specdiff2:adaptive=false:gamma=4,specdiff2-nolookup" \
   --json "$OUT/b4_t0.json"
 bench --limit 16 --repeats 2 --temperature 0 --batch-size 16 \
-  --methods "plain,ngram,specdiff2,specdiff2-lookup,$FIXED" --json "$OUT/b16_t0.json"
+  --methods "plain,ngram,specdiff2,$FIXED,specdiff2-nolookup" --json "$OUT/b16_t0.json"

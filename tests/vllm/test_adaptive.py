@@ -30,6 +30,7 @@ from vllm_specdiff.plugin.adaptive import (
 from vllm_specdiff.plugin.config import SpecDiffConfig, parse_specdiff_config
 
 GAMMA = 8
+DRAFTER_ONLY = ["argmax", "sample"]  # candidates without prompt lookup (on by default)
 Cost = Callable[[float], float]
 STEEP: Cost = lambda tokens: 0.030 + 0.0025 * tokens  # noqa: E731 - batch 16 on this CPU
 FLAT: Cost = lambda tokens: 0.036 + 0.0002 * tokens  # noqa: E731 - batch 1
@@ -86,6 +87,42 @@ def test_fresh_controller_drafts_nothing_but_probes_at_once():
     assert ctrl.plan(16) == Plan(0, probe_rows=1, probe_gamma=GAMMA)
     assert ctrl.plan(16) == Plan(0, probe_rows=1, probe_gamma=GAMMA)  # ramp: 1, 8, 64 steps
     assert ctrl.plan(16) == Plan(0)
+
+
+def _feed_lookup(ctrl: AdaptiveDrafting, alpha: float, rows: int, seed: int = 1) -> None:
+    """Accepted lengths of full-gamma prompt-lookup drafts at per-position acceptance alpha."""
+    rng = random.Random(seed)
+    for _ in range(60):
+        ctrl.observe_accepted([_accepted(rng, alpha, GAMMA) for _ in range(rows)],
+                              [GAMMA] * rows, lookup=[True] * rows)
+
+
+def test_lookup_drafts_get_their_own_acceptance_and_length():
+    """A weak drafter and a strong lookup (code): the drafter's length stays short while lookup
+    rows draft the full gamma; the lookup observations leave the drafter's estimate alone."""
+    ctrl = AdaptiveDrafting(GAMMA, lookup=True)
+    _feed(ctrl, lambda t: 0.036 + 0.0015 * t, DRAFTER, alpha=0.2, rows=4)
+    drafter_alphas = ctrl.acceptance.alphas()
+    _feed_lookup(ctrl, alpha=0.9, rows=4)
+    assert ctrl.acceptance.alphas() == drafter_alphas
+    plan = ctrl.plan(4)
+    assert plan.gamma < GAMMA // 2 and plan.lookup_gamma == GAMMA
+    assert ctrl.stats()["lookup_gamma_histogram"][GAMMA] == 1
+
+
+def test_lookup_length_drops_to_zero_when_lookup_is_rarely_accepted():
+    ctrl = AdaptiveDrafting(GAMMA, lookup=True)
+    _feed(ctrl, STEEP, DRAFTER, alpha=0.25, rows=16)
+    _feed_lookup(ctrl, alpha=0.05, rows=16)
+    assert ctrl.lookup_length(16) == 0
+    assert ctrl.lookup_length(16) < AdaptiveDrafting(GAMMA, lookup=True).lookup_length(16)
+
+
+def test_a_controller_without_lookup_refuses_lookup_observations():
+    ctrl = AdaptiveDrafting(GAMMA)
+    assert ctrl.plan(1).lookup_gamma is None
+    with pytest.raises(ValueError, match="without lookup"):
+        ctrl.observe_accepted([1], [GAMMA], lookup=[True])
 
 
 def _plans(ctrl: AdaptiveDrafting, rows: int, steps: int) -> list[Plan]:
@@ -336,13 +373,15 @@ def plain_engine(tiny_verifier):
 
 @pytest.fixture(scope="module")
 def adaptive_engine(tiny_verifier, tiny_drafter):
-    """The default: adaptive on. float32, so the full-depth drafter's first token is exactly the
+    """The default: adaptive on; the drafter alone (no lookup drafts, whose first token need
+    not be the verifier's). float32, so the full-depth drafter's first token is exactly the
     verifier's. Tests request it after `plain_outputs`: vLLM's Prometheus counters read in this
     process are those of the engine built last."""
     from vllm import LLM
 
     return LLM(**preempting_engine_kwargs(tiny_verifier),
-               **speculative_args(tiny_drafter, gamma=ENGINE_GAMMA, quantize="none"))
+               **speculative_args(tiny_drafter, gamma=ENGINE_GAMMA, quantize="none",
+                                  candidates=DRAFTER_ONLY))
 
 
 @pytest.fixture(scope="module")
@@ -472,3 +511,73 @@ def test_tries_with_skipped_steps_keep_greedy_outputs(plain_outputs, tiny_verifi
 
 def _proposer_stats(worker) -> dict:
     return getattr(worker, "worker", worker).model_runner.drafter.get_stats()
+
+
+def test_load_model_warms_the_drafter_up_and_leaves_no_trace(tiny_drafter, monkeypatch):
+    """load_model runs one full-gamma draft (the drafter's first call pays one-time costs) that
+    reaches neither the cost model, the proposer's counters, the KV pool nor the sampling
+    generator: the first real drafts equal those of a proposer that skipped the warm-up."""
+    import numpy as np
+
+    from tests.vllm.test_options import _proposer
+    from vllm_specdiff.drafter.base import Drafter
+    from vllm_specdiff.plugin.proposer import SpecDiffProposer
+
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows: Plan(4))
+    observed = []
+    monkeypatch.setattr(AdaptiveDrafting, "observe_drafter",
+                        lambda self, tokens, s: observed.append(tokens))
+    calls = []
+    draft_logits = Drafter.draft_logits
+    monkeypatch.setattr(Drafter, "draft_logits", lambda self, ctx, n, **kw: calls.append(
+        (len(ctx), n)) or draft_logits(self, ctx, n, **kw))
+    warm = _proposer(tiny_drafter, 256, gamma=4, drafter_temperature=1.0, seed=3)
+    warm.load_model(None)
+    assert calls == [(1, 4)]
+    assert observed == [] and warm.propose_calls == 0 and warm.drafter_seconds == 0.0
+    assert warm.drafter.cache_stats()["entries"] == 0
+    assert warm.drafter.cache_stats()["miss_tokens"] == 0
+    monkeypatch.setattr(SpecDiffProposer, "_warm_up", lambda self: None)
+    cold = _proposer(tiny_drafter, 256, gamma=4, drafter_temperature=1.0, seed=3)
+    cold.load_model(None)
+    tokens = np.random.default_rng(1).integers(5, 300, size=(2, 64))
+    lengths = np.array([20, 30])
+    for proposer in (warm, cold):
+        proposer.drafts = proposer.propose([[int(tokens[r, lengths[r] - 1])] for r in range(2)],
+                                           lengths.copy(), tokens)
+    assert warm.drafts == cold.drafts and all(len(d) == 4 for d in warm.drafts)
+    assert warm.drafter.cache_stats() == cold.drafter.cache_stats()
+
+
+def test_lookup_rows_follow_the_lookup_length_and_report_their_source(tiny_drafter,
+                                                                      monkeypatch):
+    """With lookup on, a row whose context repeats drafts `plan.lookup_gamma` tokens of its
+    continuation (even when the drafter's length is 0), the probe goes to a drafter row, and its
+    accepted length reaches the controller flagged as a lookup draft."""
+    import numpy as np
+
+    from tests.vllm.test_options import _proposer
+
+    plans = iter([Plan(0, probe_rows=1, probe_gamma=4, lookup_gamma=3), Plan(0, lookup_gamma=2)])
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows: next(plans))
+    observed = []
+    monkeypatch.setattr(AdaptiveDrafting, "observe_accepted",
+                        lambda self, a, d, lookup=None: observed.append((a, d, lookup)))
+    proposer = _proposer(tiny_drafter, 256, gamma=4, candidates=["argmax", "sample", "ngram"])
+    proposer.load_model(None)
+    tokens = np.zeros((3, 64), dtype=np.int64)
+    tokens[0, :12] = [7, 8, 9, 10, 11, 12, 13, 14, 15, 7, 8, 9]  # [7, 8, 9] repeats
+    tokens[1, :12] = np.arange(20, 32)
+    tokens[2, :12] = np.arange(40, 52)
+    lengths = np.array([12, 12, 12])
+    first = proposer.propose([[9], [31], [51]], lengths, tokens)
+    assert first[0] == [10, 11, 12]  # lookup_gamma tokens of the continuation
+    assert [len(d) for d in first[1:]] == [4, 0]  # one drafter row probes, the other waits
+    # row 0 accepts 2 of its lookup draft, row 1 none of its drafter draft
+    tokens[0, 12:15] = [10, 11, 99]
+    tokens[1, 12] = 77
+    tokens[2, 12] = 88
+    second = proposer.propose([[10, 11, 99], [77], [88]], np.array([15, 13, 13]), tokens)
+    assert observed == [([2, 0], [3, 4], [True, False])]
+    assert second[0] == [] and second[1:] == [[], []]  # no match after 99; drafter length 0
+    assert proposer.get_stats()["lookup_drafts"] == 1

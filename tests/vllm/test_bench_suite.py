@@ -118,9 +118,13 @@ def test_method_specs_become_engine_arguments():
     assert section["K"] == 4 and section["drafter_temperature"] == 1.5
     assert section["candidates"] == ["argmax", "sample", "ngram"]
     assert engine_args(methods[2], Drafters())["speculative_config"]["num_speculative_tokens"] == 8
-    lookup = engine_args(parse_methods("specdiff2-lookup", 8)[1], Drafters())
-    assert lookup["additional_config"]["specdiff"]["candidates"] == ["argmax", "ngram"]
-    assert "worker_cls" not in lookup  # K = 1: vLLM's own worker
+    alone = engine_args(parse_methods("specdiff2-nolookup", 8)[1], Drafters())
+    assert alone["additional_config"]["specdiff"]["candidates"] == ["argmax", "sample"]
+    assert "worker_cls" not in alone  # K = 1: vLLM's own worker
+    base = parse_methods("specdiff-base", 8)[1]
+    assert base.kind == "specdiff_base" and base.options["candidates"] == ["argmax", "sample"]
+    default = engine_args(parse_methods("specdiff2", 8)[1], Drafters())
+    assert "candidates" not in default["additional_config"]["specdiff"]  # the plugin default
     assert parse_value("argmax+sample") == ["argmax", "sample"]
     assert [parse_value(v) for v in ("false", "null", "3", "0.5", "none")] == \
         [False, None, 3, 0.5, "none"]

@@ -128,3 +128,11 @@ def test_bad_record_fails_fast_and_writes_nothing(tmp_path, tiny_verifier, tiny_
     assert "Traceback" not in proc.stderr and "custom proposer" not in proc.stderr
     assert (tmp_path / "o.jsonl").read_text() == "previous run\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.jsonl", "prompts.jsonl"]
+
+
+def test_candidates_flag_reaches_the_proposer_section(tmp_path):
+    from vllm_specdiff.commands.common import spec_options
+
+    assert spec_options(_args(tmp_path))["candidates"] is None  # the plugin's default
+    alone = spec_options(_args(tmp_path, "--candidates", "argmax,sample"))
+    assert alone["candidates"] == ["argmax", "sample"]

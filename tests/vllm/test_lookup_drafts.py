@@ -24,8 +24,7 @@ def test_lookup_continuation_stops_at_gamma_and_at_the_context_end():
 
 
 def test_repeating_rows_draft_the_lookup_and_skip_the_drafter(tiny_drafter):
-    proposer = _proposer(tiny_drafter, 256, gamma=4, candidates=["argmax", "ngram"],
-                         adaptive=False)
+    proposer = _proposer(tiny_drafter, 256, gamma=4, adaptive=False)  # lookup is on by default
     proposer.load_model(None)
     calls: list[int] = []
     draft_logits = proposer.drafter.draft_logits
@@ -44,7 +43,8 @@ def test_repeating_rows_draft_the_lookup_and_skip_the_drafter(tiny_drafter):
 
 
 def test_without_ngram_every_row_asks_the_drafter(tiny_drafter):
-    proposer = _proposer(tiny_drafter, 256, gamma=4, adaptive=False)
+    proposer = _proposer(tiny_drafter, 256, gamma=4, adaptive=False,
+                         candidates=["argmax", "sample"])
     proposer.load_model(None)
     tokens = np.zeros((1, 64), dtype=np.int64)
     tokens[0, :9] = [7, 8, 9, 10, 11, 12, 7, 8, 9]

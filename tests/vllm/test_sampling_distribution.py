@@ -6,6 +6,9 @@ speculation, chi-square on the contingency table (rare tokens merged). Its negat
 restores vLLM's own CPU `expand_kernel` (which leaves the per-token temperatures uninitialised)
 and asserts that the same statistic rejects. The filtered case (temperature 0.7, top-p 0.9,
 top-k 5) must pass, and must reject plain decoding at the same temperature without the filters.
+Prompt-lookup drafts (K = 1 with the "ngram" candidate, the default) go through the same rule:
+on a prompt after which every likely token continues a lookup match, every sample is verified
+against a lookup draft, with the same test and the same negative control.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.vllm.tiny_models import speculative_args, word_prompt
+from tests.vllm.tiny_models import speculative_args, word, word_prompt
 
 pytestmark = pytest.mark.vllm
 
@@ -38,9 +41,11 @@ def engines(tiny_verifier, tiny_drafter):
     from vllm import LLM
 
     plain = LLM(**_engine_kwargs(tiny_verifier))
-    # adaptive drafting off: every request's second token goes through verification
+    # adaptive drafting off: every request's second token goes through verification; the
+    # drafter's drafts only (lookup drafts: `lookup_engine`)
     spec = LLM(**_engine_kwargs(tiny_verifier),
-               **speculative_args(tiny_drafter, gamma=4, adaptive=False))
+               **speculative_args(tiny_drafter, gamma=4, adaptive=False,
+                                  candidates=["argmax", "sample"]))
     return plain, spec
 
 
@@ -127,4 +132,70 @@ def test_filtered_test_rejects_plain_decoding_without_the_filters(engines,
     without them is told apart."""
     p_value = contingency_pvalue(second_tokens(engines[0], FILTERED_PROMPT, 0, temperature=0.7),
                                  filtered_spec_samples)
+    assert p_value < REJECT_P, p_value
+
+
+# Sampling of the lookup tests: top-k 3 at temperature 1, so that a prompt can make every
+# likely first token continue a lookup match (`lookup_prompt`).
+LOOKUP_SAMPLING = {"temperature": 1.0, "top_k": 3}
+
+
+@pytest.fixture(scope="module")
+def lookup_prompt(engines) -> str:
+    """A short prompt after which prompt lookup matches whatever token is sampled first: it ends
+    with the word A, and "A t" occurs earlier for each of the verifier's three likeliest next
+    tokens t, the only ones top-k 3 samples (found by adding "A t" pairs for them until they stop
+    changing). Short: 64 long prompts at once would make vLLM chunk their prefills, and on CPU
+    vLLM's runner then fails on seeded requests ("CPU Generator does not use offset")."""
+    from vllm import SamplingParams
+
+    plain = engines[0]
+    tokenizer = plain.get_tokenizer()
+    anchor, base = word(5), word_prompt(11, 4)
+    k = LOOKUP_SAMPLING["top_k"]
+    pairs: list[str] = []
+    prompt = f"{base} {anchor}"
+    for _ in range(8):
+        out = plain.generate([prompt], SamplingParams(max_tokens=1, logprobs=k, temperature=1.0),
+                             use_tqdm=False)
+        ranked = sorted(out[0].outputs[0].logprobs[0].items(), key=lambda kv: -kv[1].logprob)
+        top = [tokenizer.decode([t]).strip() for t, _ in ranked[:k]]
+        if all(t in pairs for t in top):
+            return prompt
+        pairs += [t for t in top if t and t not in pairs]
+        prompt = " ".join(f"{anchor} {t}" for t in pairs) + f" {base} {anchor}"
+    raise AssertionError(f"no prompt found whose next tokens all follow {anchor} earlier")
+
+
+@pytest.fixture(scope="module")
+def lookup_engine(tiny_verifier, tiny_drafter):
+    from vllm import LLM
+
+    return LLM(**_engine_kwargs(tiny_verifier),
+               **speculative_args(tiny_drafter, gamma=4, adaptive=False))  # lookup by default
+
+
+def lookup_second_tokens(engine, prompt: str, seed0: int, batch: int = SAMPLES) -> list[int]:
+    """Second tokens of SAMPLES requests whose one verified step had a lookup draft (checked:
+    a test of drafter drafts in disguise would prove nothing about lookup)."""
+    from vllm_specdiff.plugin.engine import specdiff_stats
+
+    before = specdiff_stats(engine)["proposer"]["lookup_drafts"]
+    samples = second_tokens(engine, prompt, seed0, batch=batch, **LOOKUP_SAMPLING)
+    assert specdiff_stats(engine)["proposer"]["lookup_drafts"] - before == SAMPLES
+    return samples
+
+
+def test_lookup_drafts_sample_as_plain_decoding(engines, lookup_engine, lookup_prompt):
+    p_value = contingency_pvalue(
+        second_tokens(engines[0], lookup_prompt, 0, **LOOKUP_SAMPLING),
+        lookup_second_tokens(lookup_engine, lookup_prompt, 50_000))
+    assert p_value > PASS_P, p_value
+
+
+def test_lookup_test_rejects_with_vllms_cpu_kernel(engines, lookup_engine, lookup_prompt,
+                                                   vllm_kernel_restored):
+    p_value = contingency_pvalue(
+        second_tokens(engines[0], lookup_prompt, 0, **LOOKUP_SAMPLING),
+        lookup_second_tokens(lookup_engine, lookup_prompt, 50_000, batch=8))
     assert p_value < REJECT_P, p_value

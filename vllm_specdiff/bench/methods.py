@@ -20,15 +20,18 @@ NGRAM_DEFAULTS = {"prompt_lookup_min": 2, "prompt_lookup_max": 4}
 # K > 1 presets: the ngram candidate replaces a sampled one when the context repeats; the
 # sampled candidates need T_d > 0 to differ from the argmax draft.
 TREE_PRESET = {"candidates": ["argmax", "sample", "ngram"], "drafter_temperature": 1.0}
+# the drafter alone, without the default's prompt-lookup drafts (K = 1)
+DRAFTER_ONLY = {"candidates": ["argmax", "sample"]}
 # name -> (kind, preset options)
 METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     PLAIN: ("plain", {}),
     "ngram": ("ngram", NGRAM_DEFAULTS),
     "draft-model": ("draft_model", {}),
-    "specdiff-base": ("specdiff_base", {}),
+    "specdiff-base": ("specdiff_base", DRAFTER_ONLY),  # the paper's SpecDiff: no lookup
+    # the defaults, K = 1: prompt lookup's continuation where the context repeats, the
+    # drafter's draft elsewhere
     "specdiff2": ("specdiff", {}),
-    # K = 1: prompt lookup's continuation where the context repeats, the drafter's elsewhere
-    "specdiff2-lookup": ("specdiff", {"candidates": ["argmax", "ngram"]}),
+    "specdiff2-nolookup": ("specdiff", DRAFTER_ONLY),
     "specdiff2-k2": ("specdiff", {"K": 2, **TREE_PRESET}),
     "specdiff2-k4": ("specdiff", {"K": 4, **TREE_PRESET}),
 }

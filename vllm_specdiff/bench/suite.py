@@ -21,6 +21,45 @@ from tqdm import tqdm
 from vllm_specdiff.bench.methods import Method
 
 
+def _add_lists(a: list[int], b: list[int], sign: int = 1) -> list[int]:
+    """a + sign * b element-wise; an empty list counts as zeros."""
+    if not a or not b:
+        return list(a) if a else [sign * v for v in b]
+    return [x + sign * y for x, y in zip(a, b, strict=True)]
+
+
+@dataclass
+class ProposerCounts:
+    """The SpecDiff proposer's own counters (all zero for other methods): drafter time and
+    calls, rows drafted (by the drafter or by prompt lookup) and by lookup, and adaptive
+    drafting's histograms of chosen drafter and lookup lengths ([] when it is off)."""
+
+    drafter_seconds: float = 0.0
+    propose_calls: int = 0
+    drafted_rows: int = 0
+    lookup_drafts: int = 0
+    gamma_histogram: list[int] = field(default_factory=list)
+    lookup_gamma_histogram: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, proposer: dict[str, Any]) -> ProposerCounts:
+        adaptive = proposer.get("adaptive") or {}
+        return cls(float(proposer.get("drafter_seconds", 0.0)),
+                   int(proposer.get("propose_calls", 0)), int(proposer.get("drafted_rows", 0)),
+                   int(proposer.get("lookup_drafts", 0)),
+                   list(adaptive.get("chosen_gamma_histogram") or []),
+                   list(adaptive.get("lookup_gamma_histogram") or []))
+
+    def plus(self, other: ProposerCounts, sign: int = 1) -> ProposerCounts:
+        return ProposerCounts(
+            self.drafter_seconds + sign * other.drafter_seconds,
+            self.propose_calls + sign * other.propose_calls,
+            self.drafted_rows + sign * other.drafted_rows,
+            self.lookup_drafts + sign * other.lookup_drafts,
+            _add_lists(self.gamma_histogram, other.gamma_histogram, sign),
+            _add_lists(self.lookup_gamma_histogram, other.lookup_gamma_histogram, sign))
+
+
 @dataclass
 class Run:
     """One method's pass over a cell's prompts (one repeat)."""
@@ -30,9 +69,7 @@ class Run:
     per_request_tps: list[float] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
     counters: dict[str, Any] = field(default_factory=dict)
-    drafter_seconds: float = 0.0
-    propose_calls: int = 0
-    gamma_histogram: list[int] = field(default_factory=list)  # adaptive drafting's choices
+    proposer: ProposerCounts = field(default_factory=ProposerCounts)
 
     @property
     def tokens_per_s(self) -> float:
@@ -107,16 +144,12 @@ class Engine:
     def of(cls, llm: Any) -> Engine:  # noqa: ANN401
         return cls(llm, SpecCounters(llm))
 
-    def snapshot(self) -> tuple[dict[str, Any], float, int, list[int]]:
-        """The spec-decode counts, the SpecDiff proposer's drafter time and calls, and adaptive
-        drafting's histogram of chosen draft lengths ([] when it is off)."""
+    def snapshot(self) -> tuple[dict[str, Any], ProposerCounts]:
+        """vLLM's spec-decode counts and the SpecDiff proposer's own."""
         from vllm_specdiff.plugin.engine import specdiff_stats
 
         proposer = specdiff_stats(self.llm).get("proposer") or {}
-        adaptive = proposer.get("adaptive") or {}
-        return (self.counters.snapshot(), float(proposer.get("drafter_seconds", 0.0)),
-                int(proposer.get("propose_calls", 0)),
-                list(adaptive.get("chosen_gamma_histogram") or []))
+        return self.counters.snapshot(), ProposerCounts.of(proposer)
 
 
 def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
@@ -136,12 +169,12 @@ def run_batch(engine: Engine, prompts: list[list[int]], params: list[Any], run: 
     deltas to `run`."""
     from vllm.inputs import TokensPrompt
 
-    counters, drafter_s, calls, histogram = engine.snapshot()
+    counters, proposer = engine.snapshot()
     began = time.perf_counter()
     outs = engine.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params,
                                use_tqdm=False)
     seconds = time.perf_counter() - began
-    after, drafter_after, calls_after, histogram_after = engine.snapshot()
+    after, proposer_after = engine.snapshot()
     run.seconds += seconds
     for out in outs:
         tokens = list(out.outputs[0].token_ids)
@@ -149,13 +182,7 @@ def run_batch(engine: Engine, prompts: list[list[int]], params: list[Any], run: 
         run.new_tokens.append(len(tokens))
         run.per_request_tps.append(max(len(tokens) - 1, 0) / seconds if seconds else 0.0)
     _accumulate(run.counters, _delta(after, counters))
-    run.drafter_seconds += drafter_after - drafter_s
-    run.propose_calls += calls_after - calls
-    if histogram_after:
-        before = histogram or [0] * len(histogram_after)
-        delta = [a - b for a, b in zip(histogram_after, before, strict=True)]
-        run.gamma_histogram = [a + b for a, b in zip(run.gamma_histogram or [0] * len(delta),
-                                                     delta, strict=True)]
+    run.proposer = run.proposer.plus(proposer_after.plus(proposer, -1))
 
 
 def _median(values: list[float]) -> float | None:
@@ -179,12 +206,6 @@ def _sum_counters(runs: list[Run]) -> dict[str, Any]:
     return total
 
 
-def _sum_lists(lists: list[list[int]]) -> list[int] | None:
-    """Element-wise sum of the non-empty lists (None when all are empty)."""
-    filled = [values for values in lists if values]
-    return [sum(column) for column in zip(*filled, strict=True)] if filled else None
-
-
 def mismatches(outputs: list[list[int]], reference: list[list[int]]) -> list[int]:
     """Indices of the prompts whose output differs from the reference (plain decoding)."""
     return [i for i, (a, b) in enumerate(zip(outputs, reference, strict=True)) if a != b]
@@ -197,9 +218,12 @@ def summarize(method: Method, runs: list[Run], plain_runs: list[Run],
     drafts = counters.get("num_drafts", 0)
     per_pos = counters.get("num_accepted_tokens_per_pos")
     drafted_pos = counters.get("num_draft_tokens_per_pos")
-    calls = sum(r.propose_calls for r in runs)
+    proposer = ProposerCounts()
+    for run in runs:
+        proposer = proposer.plus(run.proposer)
+    calls = proposer.propose_calls
     seconds = sum(r.seconds for r in runs)
-    drafter_ms = 1000.0 * sum(r.drafter_seconds for r in runs) / calls if calls else None
+    drafter_ms = 1000.0 * proposer.drafter_seconds / calls if calls else None
     step_ms = 1000.0 * seconds / calls if calls else None
     bad = sorted({i for run, ref in zip(runs, plain_runs, strict=True)
                   for i in mismatches(run.outputs, ref.outputs)}) if temperature == 0 else []
@@ -227,7 +251,10 @@ def summarize(method: Method, runs: list[Run], plain_runs: list[Run],
         "step_ms": round(step_ms, 3) if step_ms is not None else None,
         "drafter_share_of_step": round(drafter_ms / step_ms, 4)
         if drafter_ms is not None and step_ms else None,
-        "chosen_gamma_histogram": _sum_lists([r.gamma_histogram for r in runs]),
+        "chosen_gamma_histogram": proposer.gamma_histogram or None,
+        "lookup_gamma_histogram": proposer.lookup_gamma_histogram or None,
+        "lookup_share_of_drafts": round(proposer.lookup_drafts / proposer.drafted_rows, 4)
+        if proposer.drafted_rows else None,
         "identical_to_plain": (not bad) if temperature == 0 else None,
         "mismatched_prompts": bad,
     }

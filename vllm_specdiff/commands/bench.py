@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from vllm_specdiff.bench.methods import METHODS
 from vllm_specdiff.commands.common import (
     NUM_SPECULATIVE_TOKENS,
     SPECULATIVE_MODEL,
@@ -122,9 +123,8 @@ def add_suite_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--limit", type=int, default=None,
                    help=f"prompts per set ({default('limit')})")
     g.add_argument("--methods", default=None,
-                   help="comma list of NAME[:KEY=VALUE...]: plain, ngram, draft-model, "
-                        "specdiff-base, specdiff2, specdiff2-k2, specdiff2-k4 "
-                        f"({default('methods')})")
+                   help="comma list of NAME[:KEY=VALUE...]: " + ", ".join(METHODS)
+                        + f" ({default('methods')})")
     g.add_argument("--temperature", nargs="+", type=float, default=None,
                    help=f"request temperatures ({default('temperature')})")
     g.add_argument("--batch-size", nargs="+", type=int, default=None, dest="batch_size",

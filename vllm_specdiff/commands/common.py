@@ -52,6 +52,10 @@ def add_spec_args(parser: argparse.ArgumentParser) -> None:
                    help="K candidate drafts per step, verified as one trie (default 1)")
     g.add_argument("--max-tree-tokens", type=int, default=None,
                    help="verifier tokens per request and step for K > 1 (root included)")
+    g.add_argument("--candidates", type=lambda text: text.split(","), default=None,
+                   help="comma list of candidate sources (default argmax,sample,ngram: with "
+                        "K = 1, prompt lookup where the context repeats; argmax,sample: the "
+                        "drafter alone)")
 
 
 def split_option(argv: list[str], *names: str) -> tuple[list[str], list[str]]:
@@ -133,7 +137,7 @@ def spec_options(args: argparse.Namespace) -> dict[str, Any]:
             "drafter_temperature": args.drafter_temperature,
             "steps": args.steps, "context_window": args.context_window,
             "seed": args.drafter_seed, "K": args.num_candidates,
-            "max_tree_tokens": args.max_tree_tokens}
+            "max_tree_tokens": args.max_tree_tokens, "candidates": args.candidates}
 
 
 def resolve_model(args: argparse.Namespace) -> str:

@@ -53,7 +53,7 @@ class Drafter(nn.Module):
 
     # ---- cache (only the block-causal drafter keeps one) ----------------------------------------
     def clear_cache(self) -> None:
-        """Drop every cached context encoding."""
+        """Drop every cached context encoding and zero the cache counters."""
 
     def cache_stats(self) -> dict[str, int]:
         """Counters of the context cache (empty for drafters that re-encode each step)."""

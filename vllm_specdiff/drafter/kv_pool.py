@@ -182,7 +182,9 @@ class KVPool:
             self.evictions += 1
 
     def clear(self) -> None:
+        """Drop every entry and zero the counters (a fresh pool, its storage kept)."""
         self.entries.clear()
+        self.hits = self.misses = self.evictions = 0
 
     def stats(self) -> dict[str, int]:
         return {

@@ -25,13 +25,20 @@ row, a probe drafts the length whose own cost is the least measured instead (tie
 0), so every length's cost gets measured. Probes are spaced so their expected loss stays near
 `PROBE_BUDGET` of the serving time.
 
+With prompt-lookup drafts (K = 1 and the "ngram" candidate), rows whose context repeats draft
+the lookup continuation instead: it costs no drafter call and is accepted at other rates than
+the drafter (often far higher on code), so it has its own acceptance estimate and its own
+length, the g maximising E_lookup(g) / (verifier(B + B * g) + overhead). No probes are needed
+for it: positions its length leaves undrafted drift back to the prior (forgetting), which
+lengthens the draft again until they are measured.
+
 Plain Python and torch-free arithmetic: no vLLM import, testable with synthetic costs.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 # Forgetting factor per observation: memory of ~200 steps (costs) or drafted rows (acceptance).
 FORGET = 0.995
@@ -247,11 +254,13 @@ def expected_tokens(alphas: list[float], g: int) -> float:
 @dataclass(frozen=True)
 class Plan:
     """This step's drafting: `gamma` tokens per row, except `probe_rows` rows drafting
-    `probe_gamma` instead (a probe)."""
+    `probe_gamma` instead (a probe), and rows with a prompt-lookup match drafting
+    `lookup_gamma` of its tokens (None: gamma)."""
 
     gamma: int
     probe_rows: int = 0
     probe_gamma: int = 0
+    lookup_gamma: int | None = None
 
     @property
     def calls_drafter(self) -> bool:
@@ -263,17 +272,20 @@ class AdaptiveDrafting:
 
     `full_tokens`: verifier tokens per row of a full draft (gamma for chains; a trie's nodes for
     K > 1). `chain_choices`: whether lengths between 0 and gamma are allowed (K > 1: no, only
-    no draft or the full trie).
+    no draft or the full trie). `lookup`: rows may draft a prompt-lookup continuation instead
+    (K = 1 with the "ngram" candidate); those drafts cost no drafter call and are accepted at
+    their own rates, so they get their own acceptance estimate and length (`lookup_length`).
     """
 
     def __init__(self, gamma: int, full_tokens: float | None = None,
-                 chain_choices: bool = True) -> None:
+                 chain_choices: bool = True, lookup: bool = False) -> None:
         self.gamma = gamma
         self.full_tokens = float(gamma if full_tokens is None else full_tokens)
         self.choices = list(range(gamma + 1)) if chain_choices else [0, gamma]
         self.verifier = VerifierCost(min_spread=0.25 * gamma * gamma)
         self.drafter = ForgettingLine()
         self.acceptance = Acceptance(gamma)
+        self.lookup_acceptance = Acceptance(gamma) if lookup else None
         self.overhead = 0.0  # seconds of a proposer call that does not run the drafter
         self.steps = 0
         self.probes_done = 0
@@ -287,6 +299,7 @@ class AdaptiveDrafting:
     def reset_counters(self) -> None:
         """Zero what `stats` reports as counts; the learned costs and acceptance stay."""
         self.histogram = [0] * (self.gamma + 1)
+        self.lookup_histogram = [0] * (self.gamma + 1)
         self.no_draft_steps = 0
         self.probe_steps = 0
 
@@ -309,9 +322,18 @@ class AdaptiveDrafting:
         """One proposer call that did not run the drafter (its bookkeeping, paid every step)."""
         self.overhead = seconds if self.overhead == 0.0 else 0.9 * self.overhead + 0.1 * seconds
 
-    def observe_accepted(self, accepted: list[int], drafted: list[int]) -> None:
-        for a, d in zip(accepted, drafted, strict=True):
-            self.acceptance.add(a, d)
+    def observe_accepted(self, accepted: list[int], drafted: list[int],
+                         lookup: list[bool] | None = None) -> None:
+        """Verified rows: `accepted` of `drafted` tokens each; `lookup[i]`: row i's draft was a
+        prompt-lookup continuation (counted in the lookup estimate)."""
+        flags = lookup if lookup is not None else [False] * len(accepted)
+        for a, d, from_lookup in zip(accepted, drafted, flags, strict=True):
+            if from_lookup:
+                if self.lookup_acceptance is None:
+                    raise ValueError("lookup drafts observed by a controller without lookup")
+                self.lookup_acceptance.add(a, d)
+            else:
+                self.acceptance.add(a, d)
 
     def observe_full_tokens(self, tokens: float) -> None:
         """Mean verifier tokens per row of this step's full drafts (trie sizes for K > 1)."""
@@ -376,9 +398,26 @@ class AdaptiveDrafting:
                 plan = Plan(0) if g == self.gamma else Plan(g, probe_rows=1,
                                                             probe_gamma=self.gamma)
             self._schedule_next_probe(rows, g, plan, rates)
+        if self.lookup_acceptance is not None:
+            plan = replace(plan, lookup_gamma=self.lookup_length(rows))
+            self.lookup_histogram[plan.lookup_gamma] += 1
         if not plan.calls_drafter:
             self.no_draft_steps += 1
         return plan
+
+    def lookup_length(self, rows: int) -> int:
+        """Draft length for rows with a prompt-lookup match: the g maximising committed
+        tokens per second when every row drafts g lookup tokens, which cost verifier tokens
+        but no drafter call (ties: shorter); gamma before the verifier is measured."""
+        assert self.lookup_acceptance is not None
+        alphas = self.lookup_acceptance.alphas()
+        rates = {}
+        for g in self.choices:
+            verify = self.verifier.predict(rows, rows * (1.0 + g))
+            if verify is None:
+                return self.gamma
+            rates[g] = expected_tokens(alphas, g) / (verify + self.overhead)
+        return max(rates, key=lambda g: (rates[g], -g))
 
     def _least_measured(self, g: int) -> int:
         """One row's probe length: the allowed length other than g whose verifier cost at batch
@@ -438,10 +477,14 @@ class AdaptiveDrafting:
         if da is not None:
             fit += f", drafter {1000 * da[0]:.1f} ms + {1000 * da[1]:.2f} ms/token"
         alphas = ", ".join(f"{a:.2f}" for a in self.acceptance.alphas())
-        return (f"gamma histogram {self.histogram} (last {self.last_gamma}), "
+        line = (f"gamma histogram {self.histogram} (last {self.last_gamma}), "
                 f"{self.no_draft_steps} of {sum(self.histogram)} steps without draft, "
                 f"{self.probe_steps} probes (every {self.probe_interval}), {fit}, "
                 f"acceptance [{alphas}]")
+        if self.lookup_acceptance is not None:
+            lookup = ", ".join(f"{a:.2f}" for a in self.lookup_acceptance.alphas())
+            line += f"; lookup gamma histogram {self.lookup_histogram}, acceptance [{lookup}]"
+        return line
 
     def stats(self) -> dict[str, object]:
         va = self.verifier.coefficients(self.last_rows)
@@ -461,4 +504,8 @@ class AdaptiveDrafting:
             {"intercept": 1000.0 * da[0], "per_token": 1000.0 * da[1]},
             "acceptance_estimate": self.acceptance.alphas(),
             "full_draft_tokens": self.full_tokens,
+            "lookup_gamma_histogram": None if self.lookup_acceptance is None else
+            list(self.lookup_histogram),
+            "lookup_acceptance_estimate": None if self.lookup_acceptance is None else
+            self.lookup_acceptance.alphas(),
         }

@@ -80,7 +80,9 @@ class SpecDiffConfig:
       ("sample"); with
       "ngram", a prompt-lookup match (vLLM's ngram matching) replaces candidate 1 when found.
       With K = 1, "ngram" makes a row whose context has a lookup match draft the lookup's
-      continuation instead of the drafter's (no drafter call for it).
+      continuation instead of the drafter's (no drafter call for it; adaptive drafting gives
+      those drafts their own length). On by default: it was faster than the drafter alone in
+      every batch-1 and batch-4 benchmark cell (README, "Measured figures").
     selection: how a trie is committed: "tau" (the candidate with the highest expected
       accepted length, then vLLM's own point-mass verification of that chain) or "tree" (the
       multi-candidate tree walk over all candidates, `core.verify_tree`; requests it cannot
@@ -105,7 +107,7 @@ class SpecDiffConfig:
     cache_bytes: int | None = None
     log_interval: float = 10.0
     K: int = 1  # noqa: N815 - the paper's name
-    candidates: tuple[str, ...] = ("argmax", "sample")
+    candidates: tuple[str, ...] = ("argmax", "sample", "ngram")
     selection: str = "tau"
     max_tree_tokens: int = DEFAULT_MAX_TREE_TOKENS
     quantize: str = "auto"

@@ -34,11 +34,13 @@ from vllm_specdiff.plugin.config import (
     tree_worker,
 )
 from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
+from vllm_specdiff.plugin.topk_fix import fix_cpu_top_k_only
 from vllm_specdiff.plugin.trie import RequestTrie, build_request_trie
 
 # Tokens of context that identify a row between two steps (with its length) when counting how
 # many drafts were accepted; a collision of two different rows only swaps their entries.
 _SIGNATURE_TOKENS = 8
+WARM_UP_CONTEXT = 32  # tokens of the start-up draft's dummy context
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class _Pending:
     depth: int
     tokens: int
     drafted_upto: int
+    lookup: bool = False  # the draft was a prompt-lookup continuation
 
 
 def _logger() -> Any:  # noqa: ANN401
@@ -94,12 +97,17 @@ class SpecDiffProposer:
         if fix_cpu_expand_kernel():
             _logger().info("SpecDiff: installed the fix for vLLM's CPU expand_kernel "
                            "(temperature > 0 verification)")
+        if fix_cpu_top_k_only():
+            _logger().info("SpecDiff: installed the fix for vLLM's CPU top-k sampler (steps "
+                           "with no draft tokens)")
         model_config = vllm_config.model_config
         check_drafter_for(str(model_config.model), self.config.drafter)
         self.max_model_len = int(model_config.max_model_len)
         self.verifier_vocab_size = int(model_config.get_vocab_size())
         self.model_config = model_config
         max_num_seqs = int(vllm_config.scheduler_config.max_num_seqs)
+        # K = 1 with "ngram": rows whose context repeats draft the prompt-lookup continuation
+        self.lookup_enabled = self.config.K == 1 and "ngram" in self.config.candidates
         parallel = getattr(vllm_config, "parallel_config", None)
         self.tp_size = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
         self.cache_size = self.config.cache_size or max(16, 2 * max_num_seqs)
@@ -118,7 +126,8 @@ class SpecDiffProposer:
         self.adaptive = AdaptiveDrafting(
             self.gamma,
             full_tokens=self.gamma if self.config.K == 1 else self.config.max_tree_tokens - 1,
-            chain_choices=self.config.K == 1) if self.config.adaptive else None
+            chain_choices=self.config.K == 1,
+            lookup=self.lookup_enabled) if self.config.adaptive else None
         self._lock = threading.Lock()
         self._last_log = time.monotonic()
         self._logged = (0, 0.0, 0)
@@ -161,12 +170,27 @@ class SpecDiffProposer:
             verifier_tokenizer=verifier_tokenizer(self.model_config),
             cache_bytes=self.config.cache_bytes, quantize=self.config.quantize)
         self._check_positions()
+        self._warm_up()
         self.drafter_path = path
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(self.config.seed)
         _logger().info("SpecDiff drafter %s loaded (gamma=%d, T_d=%s, steps=%d, cache=%d)",
                        path, self.gamma, self.config.drafter_temperature, self.config.steps,
                        self.cache_size)
+
+    def _warm_up(self) -> None:
+        """One throwaway draft before serving. The drafter's first call pays one-time costs
+        (kernel and allocator set-up: 0.5-11 s measured inside the engine, then a few ms per
+        call) that would otherwise land in the first request's latency and, with adaptive
+        drafting, in the drafter cost model, which then judges drafting too dear to try."""
+        context = torch.zeros(min(WARM_UP_CONTEXT, self.drafter.max_positions - self.gamma),
+                              dtype=torch.long)
+        start = time.perf_counter()
+        with torch.inference_mode():
+            self.drafter.draft_logits([context], self.gamma,
+                                      steps=min(self.config.steps, self.gamma))
+        self.drafter.clear_cache()  # the dummy context must not sit in the KV pool
+        _logger().debug("SpecDiff drafter warm-up: %.0f ms", 1000 * (time.perf_counter() - start))
 
     def _check_positions(self) -> None:
         """Fail at start-up when long requests could never be drafted for.
@@ -204,7 +228,7 @@ class SpecDiffProposer:
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         self.last_tries = [None] * num_rows
         decoded: list[_Row] = []
-        accepted, depths = [], []
+        accepted, depths, from_lookup = [], [], []
         verified: int | None = 0  # verifier tokens of this step; None: it also prefilled
         for i, sampled in enumerate(sampled_token_ids):
             if not sampled:
@@ -221,56 +245,82 @@ class SpecDiffProposer:
                 if prev.depth:
                     accepted.append(min(len(sampled) - 1, prev.depth))
                     depths.append(prev.depth)
+                    from_lookup.append(prev.lookup)
             room = min(self.gamma, self.max_model_len - n, self.drafter.draft_room(n))
             decoded.append(_Row(i, torch.from_numpy(np.asarray(context, dtype=np.int64)),
                                 max(room, 0), 0 if prev is None else prev.drafted_upto))
         self._pending.clear()  # rows not seen this step finished or were preempted
-        self._record_accepted(accepted, depths)
-        lengths = self._draft_lengths(decoded, start, verified)
-        rows = [(row, length) for row, length in zip(decoded, lengths, strict=True) if length]
+        self._record_accepted(accepted, depths, from_lookup)
+        found = self._lookups(decoded)
+        lengths = self._draft_lengths(decoded, start, verified, found)
+        rows = []
+        for row, length in zip(decoded, lengths, strict=True):
+            if length and row.index in found:
+                drafts[row.index] = found[row.index][:length].tolist()
+            elif length:
+                rows.append((row, length))
         encoded = 0
         drafter_rows: set[int] = set()
         if rows:
             allowed = [self.tree_rows is None or bool(self.tree_rows[r.index]) for r, _ in rows]
-            tokens, tries, by_drafter = self._draft([r.context for r, _ in rows],
-                                                    [n for _, n in rows], allowed)
-            for (row, n), draft, trie, used in zip(rows, tokens, tries, by_drafter, strict=True):
+            tokens, tries = self._draft([r.context for r, _ in rows], [n for _, n in rows],
+                                        allowed)
+            for (row, n), draft, trie in zip(rows, tokens, tries, strict=True):
                 drafts[row.index] = draft
                 self.last_tries[row.index] = trie
-                if used:
-                    encoded += self._encoded(row) + n
-                    drafter_rows.add(row.index)
-            self._observe_full_tokens(drafts, [r for r in rows if r[0].index in drafter_rows])
+                encoded += self._encoded(row) + n
+                drafter_rows.add(row.index)
+            self._observe_full_tokens(drafts, rows)
         for row, length in zip(decoded, lengths, strict=True):
             n = int(row.context.shape[0])
             # a lookup draft may be shorter than its length; a trie has more nodes than depth
             depth = min(length, len(drafts[row.index]))
             self._pending.setdefault(self._signature(row.context.numpy()), []).append(_Pending(
                 depth, len(drafts[row.index]),
-                n if row.index in drafter_rows else row.drafted_upto))
+                n if row.index in drafter_rows else row.drafted_upto,
+                lookup=bool(length) and row.index in found))
         elapsed = time.perf_counter() - start
         self._observe_call(encoded, elapsed)
         with self._lock:
             self.propose_calls += 1
-            self.drafted_rows += len(rows)
+            self.drafted_rows += sum(1 for n in lengths if n)  # by the drafter or by lookup
+            self.lookup_drafts += sum(1 for row, n in zip(decoded, lengths, strict=True)
+                                      if n and row.index in found)
             self.drafter_seconds += elapsed
         self._maybe_log()
         return drafts
 
     # ---- adaptive drafting ----------------------------------------------------------------------
-    def _draft_lengths(self, decoded: list[_Row], start: float, verified: int | None
-                       ) -> list[int]:
+    def _lookups(self, decoded: list[_Row]) -> dict[int, np.ndarray]:
+        """With prompt lookup on: per batch index, the lookup continuation (at most the row's
+        room) of each row whose context repeats."""
+        if not self.lookup_enabled:
+            return {}
+        out = {}
+        for row in decoded:
+            if row.room > 0:
+                continuation = lookup_continuation(row.context.numpy(), row.room)
+                if continuation is not None and continuation.shape[0] > 0:
+                    out[row.index] = continuation
+        return out
+
+    def _draft_lengths(self, decoded: list[_Row], start: float, verified: int | None,
+                       found: dict[int, np.ndarray]) -> list[int]:
         """Each decoded row's draft length this step: its room (fixed gamma), or the adaptive
-        controller's plan, fed first with the verifier step that just ran (decode-only steps)."""
+        controller's plan, fed first with the verifier step that just ran (decode-only steps):
+        rows with a lookup continuation (`found`) get the plan's lookup length, the others its
+        drafter length, and probes go to drafter rows."""
         rooms = [row.room for row in decoded]
         if self.adaptive is None or not decoded:
             return rooms
         if verified is not None and self._last_end is not None:
             self.adaptive.observe_verifier(len(decoded), verified, start - self._last_end)
         plan = self._rank0_plan(len(decoded))
-        lengths = [min(room, plan.gamma) for room in rooms]
-        # probe the rows the drafter saw last: the least context to catch up on
-        order = sorted(range(len(decoded)),
+        lookup_gamma = plan.gamma if plan.lookup_gamma is None else plan.lookup_gamma
+        lengths = [min(room, lookup_gamma if row.index in found else plan.gamma)
+                   for row, room in zip(decoded, rooms, strict=True)]
+        # probe the drafter rows it saw last: the least context to catch up on
+        order = sorted((j for j, row in enumerate(decoded) if row.index not in found),
                        key=lambda j: (rooms[j] == 0, self._encoded(decoded[j]), j))
         for j in order[: plan.probe_rows]:
             lengths[j] = min(rooms[j], plan.probe_gamma)
@@ -311,31 +361,26 @@ class SpecDiffProposer:
                 self.adaptive.observe_overhead(elapsed)
         self._last_end = time.perf_counter()
 
-    def _record_accepted(self, accepted: list[int], depths: list[int]) -> None:
-        """Accepted draft tokens per row, recorded out of each row's own draft length."""
+    def _record_accepted(self, accepted: list[int], depths: list[int],
+                         from_lookup: list[bool]) -> None:
+        """Accepted draft tokens per row, recorded out of each row's own draft length (and, for
+        the controller, by the draft's source)."""
         for depth in sorted(set(depths)):
             self.stats.record([a for a, d in zip(accepted, depths, strict=True) if d == depth],
                               depth)
         if self.adaptive is not None and accepted:
-            self.adaptive.observe_accepted(accepted, depths)
+            self.adaptive.observe_accepted(accepted, depths, from_lookup)
 
     def _draft(self, contexts: list[torch.Tensor], lengths: list[int], allowed: list[bool]
-               ) -> tuple[list[list[int]], list[RequestTrie | None], list[bool]]:
-        """`lengths[j]` draft tokens for context j. Rows near the position limit get shorter
-        drafts than gamma; the drafter runs once per distinct length (once, away from it).
-        With K > 1 a full-length row the runner allows (`allowed[j]`) gets a trie of K candidates
-        instead; with K = 1 and "ngram" among the candidates, a row whose context repeats gets
-        the prompt-lookup continuation (at most its length) and no drafter call. Also returns
-        which rows the drafter drafted."""
+               ) -> tuple[list[list[int]], list[RequestTrie | None]]:
+        """The drafter's `lengths[j]` draft tokens for context j. Rows near the position limit
+        get shorter drafts than gamma; the drafter runs once per distinct length (once, away
+        from it). With K > 1 a full-length row the runner allows (`allowed[j]`) gets a trie of K
+        candidates instead."""
         out: list[list[int]] = [[] for _ in contexts]
         tries: list[RequestTrie | None] = [None] * len(contexts)
-        by_drafter = [True] * len(contexts)
         for length in sorted(set(lengths), reverse=True):
             group = [j for j, n in enumerate(lengths) if n == length]
-            if self.config.K == 1 and "ngram" in self.config.candidates:
-                group = self._lookup_drafts(contexts, group, length, out, by_drafter)
-                if not group:
-                    continue
             logits = self.drafter.draft_logits([contexts[j] for j in group], length,
                                                steps=min(self.config.steps, length))
             if self.config.K > 1:
@@ -349,23 +394,7 @@ class SpecDiffProposer:
                 tokens = sample_drafts(marginals, 1, generator=self.generator)[:, 0].tolist()
             for j, draft in zip(group, tokens, strict=True):
                 out[j] = draft
-        return out, tries, by_drafter
-
-    def _lookup_drafts(self, contexts: list[torch.Tensor], group: list[int], length: int,
-                       out: list[list[int]], by_drafter: list[bool]) -> list[int]:
-        """K = 1 with "ngram": the rows of `group` whose context has a prompt-lookup match draft
-        its continuation; returns the rows left for the drafter."""
-        rest = []
-        for j in group:
-            found = lookup_continuation(contexts[j].numpy(), length)
-            if found is None or found.shape[0] == 0:
-                rest.append(j)
-                continue
-            out[j] = found.tolist()
-            by_drafter[j] = False
-            with self._lock:
-                self.lookup_drafts += 1
-        return rest
+        return out, tries
 
     def _tree_drafts(self, logits: torch.Tensor, group: list[int], contexts: list[torch.Tensor],
                      allowed: list[bool], out: list[list[int]], tries: list[RequestTrie | None]
