@@ -253,9 +253,11 @@ class SpecDiffProposer:
         self._record_accepted(accepted, depths, from_lookup)
         found = self._lookups(decoded)
         lengths = self._draft_lengths(decoded, start, verified, found)
+        by_lookup = {row.index for row, n in zip(decoded, lengths, strict=True)
+                     if n and row.index in found}
         rows = []
         for row, length in zip(decoded, lengths, strict=True):
-            if length and row.index in found:
+            if row.index in by_lookup:
                 drafts[row.index] = found[row.index][:length].tolist()
             elif length:
                 rows.append((row, length))
@@ -278,14 +280,13 @@ class SpecDiffProposer:
             self._pending.setdefault(self._signature(row.context.numpy()), []).append(_Pending(
                 depth, len(drafts[row.index]),
                 n if row.index in drafter_rows else row.drafted_upto,
-                lookup=bool(length) and row.index in found))
+                lookup=row.index in by_lookup))
         elapsed = time.perf_counter() - start
         self._observe_call(encoded, elapsed)
         with self._lock:
             self.propose_calls += 1
             self.drafted_rows += sum(1 for n in lengths if n)  # by the drafter or by lookup
-            self.lookup_drafts += sum(1 for row, n in zip(decoded, lengths, strict=True)
-                                      if n and row.index in found)
+            self.lookup_drafts += len(by_lookup)
             self.drafter_seconds += elapsed
         self._maybe_log()
         return drafts
