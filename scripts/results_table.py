@@ -1,7 +1,9 @@
-"""Regenerate the README's table of measured speedups from benchmarks/results/*/*.json.
+"""Regenerate the README's tables of measured speedups from benchmarks/results/*/*.json.
 
 A file is either one plain-vs-SpecDiff summary (`vllm-specdiff demo --output`) or a suite result
-(`vllm-specdiff bench --json`, with "cells"): one row per speculative method and cell.
+(`vllm-specdiff bench --json`, with "cells"): one row per speculative method and cell. The main
+runs of `benchmarks/suite.sh` (`suite_main_*.json`: every method x set x T) would add hundreds of
+such rows, so they get a second, compact block instead: one row per cell, one column per method.
 
     python scripts/results_table.py                 # print the table
     python scripts/results_table.py --write README.md   # replace the block between the markers
@@ -20,6 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+SUITE_BEGIN, SUITE_END = "<!-- suite:begin -->", "<!-- suite:end -->"
+MAIN_SUITE = "suite_main_"  # stems of the main runs, summarised in the compact block
 HEADER = ("| run | prompts | T | gamma | K (T_d) | plain tok/s | speculative tok/s | speedup "
           "| accepted/step | drafter ms (share of verifier step) | identical | date, machine |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -86,28 +90,68 @@ def rows(path: Path) -> list[str]:
 
 
 def table(results: Path = RESULTS) -> str:
-    files = sorted(results.glob("*/*.json"))
+    files = [p for p in sorted(results.glob("*/*.json")) if not p.stem.startswith(MAIN_SUITE)]
     return "\n".join([HEADER, *(r for p in files for r in rows(p))])
 
 
-def replace_block(text: str, block: str) -> str:
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"no {BEGIN} ... {END} block to replace")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{block}\n{END}{tail}"
+def _summary_cell(cell: dict) -> str:
+    """Speedup (accepted draft tokens per step); a greedy mismatch is shown, never hidden."""
+    text = f"{_fmt(cell['speedup'], 2)}x"
+    if cell.get("accepted_per_step") is not None:
+        text += f" ({cell['accepted_per_step']:.2f})"
+    return text + (" NOT IDENTICAL" if cell["identical_to_plain"] is False else "")
+
+
+def suite_summary(results: Path = RESULTS) -> str:
+    """One row per (run, prompt set, T, batch) of the main suite runs, one column per method:
+    speedup against plain decoding in the same run, and accepted tokens per step."""
+    lines: list[str] = []
+    for path in sorted(results.glob(f"*/{MAIN_SUITE}*.json")):
+        s = json.loads(path.read_text())
+        labels = [m["label"] for m in s["suite"]["methods"]]
+        lines += ([""] if lines else []) + [  # one table per run: its methods are its columns
+            "| run | prompts | T | B | plain tok/s | " + " | ".join(f"`{m}`" for m in labels[1:])
+            + " |", "|" + "---|" * (len(labels) + 4)]
+        name = path.relative_to(results.parent.parent).as_posix()
+        prov = s.get("provenance", {})
+        cells: dict[tuple, dict[str, dict]] = {}
+        for c in s["cells"]:
+            key = (c["prompts"], c["num_prompts"], c["temperature"], c["batch_size"])
+            cells.setdefault(key, {})[c["method"]] = c
+        for (prompts, num, temperature, batch), by_method in cells.items():
+            plain = by_method[labels[0]]
+            lines.append(f"| [{path.stem}]({name}) {prov.get('date', '?')} | {prompts} ({num}) "
+                         f"| {temperature:g} | {batch} | {_fmt(plain['tokens_per_s'], 2)} | "
+                         + " | ".join(_summary_cell(by_method[m]) if m in by_method else "-"
+                                      for m in labels[1:]) + " |")
+    return "\n".join(lines) if lines else "(no main suite run committed yet)"
+
+
+def replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
+    if begin not in text or end not in text:
+        raise ValueError(f"no {begin} ... {end} block to replace")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{block}\n{end}{tail}"
+
+
+def render(text: str, results: Path = RESULTS) -> str:
+    """The README text with both generated blocks replaced."""
+    text = replace_block(text, table(results))
+    return replace_block(text, suite_summary(results), SUITE_BEGIN, SUITE_END)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--write", default=None, help="Markdown file whose block to replace")
     args = parser.parse_args(argv)
-    block = table()
     if args.write:
         path = Path(args.write)
-        path.write_text(replace_block(path.read_text(), block))
+        path.write_text(render(path.read_text()))
     else:
-        print(block)
+        print(table())
+        print()
+        print(suite_summary())
     return 0
 
 

@@ -23,6 +23,30 @@ def test_lookup_continuation_stops_at_gamma_and_at_the_context_end():
     assert lookup_continuation(np.array([1, 2, 3, 4]), 3) is None
 
 
+
+def _lookup_by_definition(context: list[int], gamma: int) -> list[int] | None:
+    """The longest suffix of NGRAM_MIN..NGRAM_MAX tokens that occurs earlier (ending before the
+    last token), at its earliest start: what followed it, written as plainly as possible."""
+    from vllm_specdiff.plugin.candidates import NGRAM_MAX, NGRAM_MIN
+
+    for n in range(min(NGRAM_MAX, len(context) - 1), NGRAM_MIN - 1, -1):
+        for start in range(len(context) - n):
+            if context[start:start + n] == context[len(context) - n:]:
+                return context[start + n:start + n + gamma]
+    return None
+
+
+def test_lookup_continuation_agrees_with_its_definition_on_random_contexts():
+    rng = np.random.default_rng(0)
+    matched = 0
+    for _ in range(3000):
+        context = rng.integers(0, int(rng.integers(2, 6)), int(rng.integers(0, 40))).tolist()
+        found = lookup_continuation(np.array(context, dtype=np.int32), 4)
+        expected = _lookup_by_definition(context, 4)
+        assert (None if found is None else found.tolist()) == expected, context
+        matched += expected is not None
+    assert 1000 < matched < 3000  # both outcomes are exercised
+
 def test_repeating_rows_draft_the_lookup_and_skip_the_drafter(tiny_drafter):
     proposer = _proposer(tiny_drafter, 256, gamma=4, adaptive=False)  # lookup is on by default
     proposer.load_model(None)
