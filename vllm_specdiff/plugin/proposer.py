@@ -316,7 +316,7 @@ class SpecDiffProposer:
             return rooms
         if verified is not None and self._last_end is not None:
             self.adaptive.observe_verifier(len(decoded), verified, start - self._last_end)
-        plan = self._rank0_plan(len(decoded))
+        plan = self._rank0_plan(len(decoded), len(found))
         lookup_gamma = plan.gamma if plan.lookup_gamma is None else plan.lookup_gamma
         lengths = [min(room, lookup_gamma if row.index in found else plan.gamma)
                    for row, room in zip(decoded, rooms, strict=True)]
@@ -327,17 +327,17 @@ class SpecDiffProposer:
             lengths[j] = min(rooms[j], plan.probe_gamma)
         return lengths
 
-    def _rank0_plan(self, rows: int) -> Plan:
+    def _rank0_plan(self, rows: int, lookup_rows: int) -> Plan:
         """The controller's plan; with tensor parallelism, rank 0's (the rank whose drafts vLLM
         keeps) for every rank, so all ranks draft the same tokens from the same inputs (their
         timings differ) and tries (K > 1) stay the same on every rank."""
         assert self.adaptive is not None
         if self.tp_size == 1:
-            return self.adaptive.plan(rows)
+            return self.adaptive.plan(rows, lookup_rows)
         from vllm.distributed import get_tp_group
 
         group = get_tp_group()
-        plan = self.adaptive.plan(rows) if group.rank_in_group == 0 else None
+        plan = self.adaptive.plan(rows, lookup_rows) if group.rank_in_group == 0 else None
         return group.broadcast_object(plan, src=0)
 
     def _encoded(self, row: _Row) -> int:
