@@ -374,10 +374,15 @@ class AdaptiveDrafting:
         if verify is None:
             return None
         cost = verify + self.overhead
-        if g > 0:  # steady state: each row encodes its 1 + accepted new tokens plus the draft
-            draft = self.drafter.predict(rows * (expected_tokens(alphas, g) + g))
+        if g > 0:
+            draft = self.drafter_cost(rows, g, alphas)
             cost += math.inf if draft is None else draft  # drafter not measured yet: probe first
         return cost
+
+    def drafter_cost(self, rows: int, g: int, alphas: list[float]) -> float | None:
+        """Predicted drafter seconds when `rows` rows draft g, in steady state: each row encodes
+        its 1 + accepted new tokens plus the draft (None: not measured yet)."""
+        return self.drafter.predict(rows * (expected_tokens(alphas, g) + g))
 
     def rates(self, rows: int) -> dict[int, float]:
         """Expected committed tokens per second for each allowed g (empty before any data)."""
@@ -441,9 +446,7 @@ class AdaptiveDrafting:
         base_gain = rows + others * (expected_tokens(drafter_alphas, drafter_gamma) - 1.0)
         base_cost = self.overhead
         if drafter_gamma and others:
-            draft = self.drafter.predict(
-                others * (expected_tokens(drafter_alphas, drafter_gamma) + drafter_gamma))
-            base_cost += 0.0 if draft is None else draft
+            base_cost += self.drafter_cost(others, drafter_gamma, drafter_alphas) or 0.0
         rates = {}
         for g in self.choices:
             verify = self.verifier.predict(rows, base_tokens + matched * g)
