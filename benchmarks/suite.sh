@@ -10,9 +10,11 @@
 #                    with the ngram candidate and (K = 4) without it, T 0 and 1
 #   suite_gamma.json fixed gamma 2..12 against adaptive drafting, batch 1 and 16; denoising steps
 #   suite_adaptive_b1.json / suite_adaptive_b16.json  adaptive drafting against every fixed
-#                    gamma 1..4 and 8 at batch 1 (T 0), and against plain and fixed gamma 4 and 8
-#                    at batch 16 (SPECDIFF_B16_LIMIT prompts per set, default 48: three batches,
+#                    gamma 1..4 and 8 at batch 1 (T 0), and against plain, itself without the
+#                    draft margin (draft_margin=0) and fixed gamma 4 and 8 at batch 16 (SPECDIFF_B16_LIMIT prompts per set, default 48: three batches,
 #                    so one slow batch does not decide a repeat)
+#   suite_adaptive_b16_continuous.json  the same with 16 requests in flight (--batching
+#                    continuous: a finished request's slot goes to the next prompt, as serving)
 #   suite_ngram_*.json vLLM ngram's settings tuned once: lookup windows 1-3, 2-4, 3-5, 2-6 at
 #                    gamma 8 and 2-4 at gamma 4, batch 1, T 0 (the main run uses 2-4, gamma 8);
 #                    one run each (vLLM's ngram breaks engines built after it in a process)
@@ -24,7 +26,8 @@
 # it does not exist the draft-model row is left out. SPECDIFF_BENCH_LIMIT (16 prompts per set:
 # batch 16 needs 16), SPECDIFF_BENCH_REPEATS (3) and SPECDIFF_BENCH_MAX_TOKENS (64) scale it;
 # SPECDIFF_B1_LIMIT and SPECDIFF_B1_REPEATS (default: the two above) the main part's batch-1 run;
-# SPECDIFF_SUITE_PARTS (default "main k gamma adaptive-b1 adaptive-b16 ngram") picks the runs,
+# SPECDIFF_SUITE_PARTS (default "main k gamma adaptive-b1 adaptive-b16 adaptive-b16-continuous
+# ngram") picks the runs,
 # SPECDIFF_SUITE_BATCH (default "1 16") the gamma sweep's batch sizes.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -50,7 +53,7 @@ if [ -f "$AR/config.json" ]; then
 else
   echo "suite.sh: no AR drafter at $AR: the draft-model row is left out" >&2
 fi
-PARTS=" ${SPECDIFF_SUITE_PARTS:-main k gamma adaptive-b1 adaptive-b16 ngram} "
+PARTS=" ${SPECDIFF_SUITE_PARTS:-main k gamma adaptive-b1 adaptive-b16 adaptive-b16-continuous ngram} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
 for B in 16 4 1; do  # one run per batch size, so a long batch-1 run loses nothing before it
   SIZE=(--limit "$LIMIT" --repeats "$REPEATS")
@@ -78,10 +81,13 @@ A="plain,specdiff2"
 for GAMMA in 1 2 3 4 8; do A="$A,specdiff2:adaptive=false:gamma=$GAMMA"; done
 part adaptive-b1 && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 \
   --methods "$A" --json "$OUT/suite_adaptive_b1.json"
+B16="plain,specdiff2,specdiff2:draft_margin=0,specdiff2:adaptive=false:gamma=4"
+B16="$B16,specdiff2:adaptive=false"
 part adaptive-b16 && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 16 \
-  --limit "$B16_LIMIT" \
-  --methods "plain,specdiff2,specdiff2:adaptive=false:gamma=4,specdiff2:adaptive=false" \
-  --json "$OUT/suite_adaptive_b16.json"
+  --limit "$B16_LIMIT" --methods "$B16" --json "$OUT/suite_adaptive_b16.json"
+part adaptive-b16-continuous && bench --prompts humaneval "$CHAT" --temperature 0 \
+  --batch-size 16 --batching continuous --limit "$B16_LIMIT" --methods "$B16" \
+  --json "$OUT/suite_adaptive_b16_continuous.json"
 for W in 1:3 2:4 3:5 2:6 2:4:4; do  # MIN:MAX[:GAMMA]
   IFS=: read -r LMIN LMAX NG <<< "$W"
   part ngram && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 \

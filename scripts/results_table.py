@@ -19,6 +19,8 @@ import json
 import sys
 from pathlib import Path
 
+from vllm_specdiff.bench.table import batch_text
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -75,7 +77,7 @@ def suite_rows(path: Path, s: dict) -> list[str]:
         identical = "n/a" if c["identical_to_plain"] is None else \
             ("yes" if c["identical_to_plain"] else "NO")
         base = plain[tuple(c[field] for field in key)]
-        rows.append(f"| [{path.stem}]({name}) `{c['method']}` B={c['batch_size']} "
+        rows.append(f"| [{path.stem}]({name}) `{c['method']}` B={batch_text(c)} "
                     f"| {c['prompts']} ({c['num_prompts']}) | {c['temperature']:g} "
                     f"| {method['gamma']} | {candidates} | {_fmt(base['tokens_per_s'], 2)} "
                     f"| {_fmt(c['tokens_per_s'], 2)} | **{_fmt(c['speedup'], 2)}x** "
@@ -116,7 +118,7 @@ def suite_summary(results: Path = RESULTS) -> str:
         prov = s.get("provenance", {})
         cells: dict[tuple, dict[str, dict]] = {}
         for c in s["cells"]:
-            key = (c["prompts"], c["num_prompts"], c["temperature"], c["batch_size"])
+            key = (c["prompts"], c["num_prompts"], c["temperature"], batch_text(c))
             cells.setdefault(key, {})[c["method"]] = c
         for (prompts, num, temperature, batch), by_method in cells.items():
             plain = by_method[labels[0]]

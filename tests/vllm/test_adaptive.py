@@ -25,6 +25,7 @@ from vllm_specdiff.plugin.adaptive import (
     AdaptiveDrafting,
     ForgettingLine,
     Plan,
+    choose,
     expected_tokens,
 )
 from vllm_specdiff.plugin.config import SpecDiffConfig, parse_specdiff_config
@@ -138,6 +139,38 @@ def test_a_few_lookup_rows_do_not_pay_for_the_cost_of_a_step_with_drafts():
     assert ctrl.lookup_length(16, lookup_rows=3) == 0
     assert ctrl.lookup_length(16, lookup_rows=16) > 0  # every row drafting pays the jump
     assert ctrl.plan(16, lookup_rows=16).lookup_gamma > 0
+
+
+def test_at_batch_above_one_a_draft_must_beat_no_draft_by_the_margin():
+    margin = adaptive_mod.DRAFT_MARGIN
+    small, large = {0: 100.0, 2: 100.0 * (1 + margin / 2)}, {0: 100.0, 2: 100.0 * (1 + 2 * margin)}
+    assert choose(small, rows=16) == 0 and choose(large, rows=16) == 2
+    assert choose(small, rows=1) == 2  # one row: no rows to fall apart
+    assert choose(small, rows=16, has_drafts=True) == 2  # the step has drafts anyway
+    assert choose({0: 100.0, 2: 90.0}, rows=1) == 0
+
+
+def test_lookup_length_keeps_the_margin_at_batch_16():
+    """Lookup acceptances whose best length gains less than the margin draft nothing at batch
+    16 (the plain argmax would draft); those that gain more still draft."""
+    seen = set()
+    for alpha in (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9):
+        ctrl = AdaptiveDrafting(GAMMA, lookup=True)
+        _feed_jump(ctrl)
+        _feed_lookup(ctrl, alpha=alpha, rows=16)
+        alphas = ctrl.lookup_acceptance.alphas()
+        rates = {g: (16 + 16 * (expected_tokens(alphas, g) - 1))
+                 / (ctrl.verifier.predict(16, 16 + 16 * g) + ctrl.overhead) for g in ctrl.choices}
+        g = max(rates, key=rates.get)
+        gain = rates[g] / rates[0] - 1
+        length = ctrl.lookup_length(16)
+        if 0 < gain < adaptive_mod.DRAFT_MARGIN:
+            assert length == 0, (alpha, gain)
+            seen.add("below")
+        elif gain >= adaptive_mod.DRAFT_MARGIN:
+            assert length == g, (alpha, gain)
+            seen.add("above")
+    assert seen == {"below", "above"}
 
 
 def test_a_controller_without_lookup_refuses_lookup_observations():
@@ -319,6 +352,20 @@ def test_adaptive_option_defaults_on_and_takes_only_booleans():
     for bad in (1, 0, "false", None):
         with pytest.raises(ValueError, match=r"\['adaptive'\] must be true or false"):
             parse_specdiff_config({"specdiff": {"adaptive": bad}})
+
+
+def test_draft_margin_option_reaches_the_controller(tiny_drafter):
+    from tests.vllm.test_options import _proposer
+
+    assert _proposer(tiny_drafter, 256, draft_margin=0.25).adaptive.margin == 0.25
+    assert SpecDiffConfig().draft_margin == adaptive_mod.DRAFT_MARGIN
+    assert parse_specdiff_config({"specdiff": {"draft_margin": 0}}).draft_margin == 0.0
+    for bad in (-0.1, True, "0.1", None, float("inf")):
+        with pytest.raises(ValueError, match=r"\['draft_margin'\] must be a finite number"):
+            parse_specdiff_config({"specdiff": {"draft_margin": bad}})
+    rates = {0: 100.0, 2: 105.0}
+    assert AdaptiveDrafting(GAMMA, margin=0.0).margin == 0.0
+    assert choose(rates, rows=16, margin=0.0) == 2 and choose(rates, rows=16, margin=0.1) == 0
 
 
 # ---- the proposer's wiring (no engine) ----------------------------------------------------------

@@ -219,3 +219,89 @@ def test_a_batch_larger_than_the_set_is_announced(capsys):
     err = capsys.readouterr().err
     assert "set 'p' has 2 prompts, so batch size(s) [4] run as one batch of 2" in err
     assert "'q'" not in err
+
+
+class _FakeCore:
+    """An engine whose request i finishes after `steps[i]` steps with tokens [i] * steps[i];
+    it records how many requests each step ran."""
+
+    def __init__(self, steps: list[int]) -> None:
+        self.steps, self.live, self.batches = steps, {}, []
+
+    def add_request(self, request_id, prompt, params):
+        index = prompt["prompt_token_ids"][0]
+        self.live[request_id] = [index, 0]
+
+    def has_unfinished_requests(self):
+        return bool(self.live)
+
+    def step(self):
+        from types import SimpleNamespace
+
+        self.batches.append(len(self.live))
+        outs = []
+        for request_id, state in list(self.live.items()):
+            state[1] += 1
+            index, done = state
+            if done == self.steps[index]:
+                del self.live[request_id]
+                outs.append(SimpleNamespace(request_id=request_id, finished=True, outputs=[
+                    SimpleNamespace(token_ids=[index] * done)]))
+        return outs
+
+
+class _FakeEngine:
+    def __init__(self, core: _FakeCore) -> None:
+        from types import SimpleNamespace
+
+        self.llm = SimpleNamespace(llm_engine=core)
+
+    def snapshot(self):
+        from vllm_specdiff.bench.suite import ProposerCounts
+
+        return {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
+                "num_accepted_tokens_per_pos": [], "num_draft_tokens_per_pos": []}, \
+            ProposerCounts()
+
+
+@pytest.mark.vllm
+def test_continuous_batching_refills_each_finished_slot_before_the_next_step():
+    from vllm_specdiff.bench.suite import run_stream
+
+    steps = [3, 1, 1, 2, 1]
+    core = _FakeCore(steps)
+    run = Run()
+    run_stream(_FakeEngine(core), [[i] for i in range(5)], [None] * 5, 2, run)
+    # 2 in flight throughout: 1 ends at step 1 and 2 takes its slot, 2 ends at step 2 and 3
+    # takes it, 0 ends at step 3 and 4 takes it; batches of 2 would need 3 + 2 + 1 steps
+    assert core.batches == [2, 2, 2, 2]
+    assert run.outputs == [[i] * n for i, n in enumerate(steps)]
+    assert run.new_tokens == steps and len(run.per_request_tps) == 5 and run.seconds > 0
+
+
+def test_passes_are_batches_of_b_or_the_whole_set():
+    from vllm_specdiff.bench.suite import passes
+
+    assert passes(5, 2, "static") == [range(0, 2), range(2, 4), range(4, 5)]
+    assert passes(5, 2, "continuous") == [range(5)]
+    with pytest.raises(ValueError, match="batching must be one of"):
+        passes(5, 2, "dynamic")
+
+
+@pytest.mark.vllm
+def test_continuous_suite_keeps_outputs_identical_and_says_how_it_batched(
+        tmp_path, word_prompts, tiny_verifier, tiny_drafter):
+    out = tmp_path / "suite.json"
+    cmd = [str(Path(sys.executable).with_name("vllm-specdiff")), "--no-speed-env", "bench",
+           "--quick", "--prompts", str(word_prompts), "--limit", "3", "--methods",
+           "plain,specdiff2", "--batch-size", "2", "--batching", "continuous",
+           "--max-tokens", "8", "--gamma", str(GAMMA), "--model", str(tiny_verifier),
+           "--drafter", str(tiny_drafter), "--max-model-len", "256", "--json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["suite"]["batching"] == "continuous"
+    assert [(c["method"], c["batching"], c["identical_to_plain"]) for c in result["cells"]] == \
+        [("plain", "continuous", True), ("specdiff2", "continuous", True)]
+    assert all(c["new_tokens"] == 3 * 8 for c in result["cells"])
+    assert "| 2 (continuous) | `specdiff2` |" in out.with_suffix(".md").read_text()

@@ -1,16 +1,25 @@
 """Run the suite: every method on the same verifier and prompts, in one process.
 
 A cell is (prompt set, temperature, batch size). In each repeat of a cell every method decodes
-all its prompts, B at a time in one `llm.generate` call; each batch is decoded by every method
-in turn, the order rotated per batch and repeat, so noise from other processes hits every
-method alike. Throughput follows ALGORITHM.md section 5:
-(new tokens - 1) / wall time, per request (its generate call's wall time) and aggregate (all
-tokens over all wall time); every timing figure is the median over repeats, counters are
-summed over them. At temperature 0 each method's outputs must equal plain decoding's.
+all its prompts, batched one of two ways (`BATCHING`):
+
+- "static": B prompts at a time in one `llm.generate` call; each batch is decoded by every
+  method in turn, the order rotated per batch and repeat, so noise from other processes hits
+  every method alike. A batch lasts as long as its slowest request: tokens a draft gains for
+  the other rows save only what their share of the later, smaller steps costs.
+- "continuous": the whole set in one pass with B requests in flight, a finished request's slot
+  going to the next prompt at once (a server under B concurrent clients, or an offline job
+  with max_num_seqs B); the method order is rotated per repeat.
+
+Throughput follows ALGORITHM.md section 5: (new tokens - 1) / wall time, per request (static:
+its generate call's wall time; continuous: its own latency) and aggregate (all tokens over all
+wall time); every timing figure is the median over repeats, counters are summed over them. At
+temperature 0 each method's outputs must equal plain decoding's.
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -19,6 +28,9 @@ from typing import Any
 from tqdm import tqdm
 
 from vllm_specdiff.bench.methods import Method
+
+BATCHING = ("static", "continuous")
+_request_ids = itertools.count()  # bench request ids, unique within the process
 
 
 def _add_lists(a: list[int], b: list[int], sign: int = 1) -> list[int]:
@@ -185,6 +197,51 @@ def run_batch(engine: Engine, prompts: list[list[int]], params: list[Any], run: 
     run.proposer = run.proposer.plus(proposer_after.plus(proposer, -1))
 
 
+def run_stream(engine: Engine, prompts: list[list[int]], params: list[Any], concurrency: int,
+               run: Run) -> None:
+    """Decode all prompts with `concurrency` requests in flight (continuous batching): each
+    finished request's slot goes to the next prompt before the next engine step. Adds the wall
+    time, tokens (in prompt order), each request's own throughput and the counter deltas to
+    `run`."""
+    from vllm.inputs import TokensPrompt
+
+    core = engine.llm.llm_engine
+    counters, proposer = engine.snapshot()
+    in_flight: dict[str, tuple[int, float]] = {}  # request id -> (prompt index, start)
+    done: dict[int, tuple[list[int], float]] = {}
+    began = time.perf_counter()
+    for i, (ids, param) in enumerate(zip(prompts, params, strict=True)):
+        while len(in_flight) >= concurrency:
+            _step(core, in_flight, done)
+        request_id = f"bench-{next(_request_ids)}"
+        core.add_request(request_id, TokensPrompt(prompt_token_ids=ids), param)
+        in_flight[request_id] = (i, time.perf_counter())
+    while in_flight:
+        _step(core, in_flight, done)
+    seconds = time.perf_counter() - began
+    after, proposer_after = engine.snapshot()
+    run.seconds += seconds
+    for i in range(len(prompts)):
+        tokens, latency = done[i]
+        run.outputs.append(tokens)
+        run.new_tokens.append(len(tokens))
+        run.per_request_tps.append(max(len(tokens) - 1, 0) / latency if latency else 0.0)
+    _accumulate(run.counters, _delta(after, counters))
+    run.proposer = run.proposer.plus(proposer_after.plus(proposer, -1))
+
+
+def _step(core: Any, in_flight: dict[str, tuple[int, float]],  # noqa: ANN401
+          done: dict[int, tuple[list[int], float]]) -> None:
+    """One engine step; move the requests it finished from `in_flight` to `done`."""
+    if not core.has_unfinished_requests():
+        raise RuntimeError(f"the engine has no unfinished request but the bench waits for "
+                           f"{len(in_flight)}")
+    for out in core.step():
+        if out.finished and out.request_id in in_flight:
+            index, start = in_flight.pop(out.request_id)
+            done[index] = (list(out.outputs[0].token_ids), time.perf_counter() - start)
+
+
 def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
@@ -260,22 +317,36 @@ def summarize(method: Method, runs: list[Run], plain_runs: list[Run],
     }
 
 
+def passes(num_prompts: int, batch_size: int, batching: str) -> list[range]:
+    """The prompt ranges one method decodes in turn per repeat: B-prompt batches (static) or
+    the whole set (continuous)."""
+    if batching not in BATCHING:
+        raise ValueError(f"batching must be one of {BATCHING}, got {batching!r}")
+    if batching == "continuous":
+        return [range(num_prompts)]
+    return [range(s, min(s + batch_size, num_prompts)) for s in range(0, num_prompts, batch_size)]
+
+
 def run_cell(engines: dict[str, Engine], methods: list[Method], prompts: list[list[int]],
              temperature: float, batch_size: int, max_tokens: int, repeats: int, seed: int,
-             bar: tqdm) -> list[dict[str, Any]]:
-    """All methods on one (prompt set, temperature, batch size): each batch of prompts is
-    decoded by every method in turn, the order rotated per batch and repeat."""
+             bar: tqdm, batching: str = "static") -> list[dict[str, Any]]:
+    """All methods on one (prompt set, temperature, batch size): each pass over the prompts
+    (`passes`) is decoded by every method in turn, the order rotated per pass and repeat."""
     params = sampling_params(temperature, max_tokens, seed, len(prompts))
     runs: dict[str, list[Run]] = {m.label: [] for m in methods}
-    starts = range(0, len(prompts), batch_size)
     for r in range(repeats):
         current = {m.label: Run() for m in methods}
-        for j, start in enumerate(starts):
+        for j, part in enumerate(passes(len(prompts), batch_size, batching)):
             shift = (r + j) % len(methods)
             for method in methods[shift:] + methods[:shift]:
                 bar.set_postfix_str(method.label)
-                run_batch(engines[method.label], prompts[start:start + batch_size],
-                          params[start:start + batch_size], current[method.label])
+                chunk = [prompts[i] for i in part]
+                chunk_params = [params[i] for i in part]
+                if batching == "continuous":
+                    run_stream(engines[method.label], chunk, chunk_params, batch_size,
+                               current[method.label])
+                else:
+                    run_batch(engines[method.label], chunk, chunk_params, current[method.label])
                 bar.update(1)
         for label, run in current.items():
             runs[label].append(run)
@@ -286,9 +357,9 @@ def run_cell(engines: dict[str, Engine], methods: list[Method], prompts: list[li
 def run_suite(engines: dict[str, Engine], methods: list[Method],
               prompt_sets: dict[str, list[list[int]]], temperatures: list[float],
               batch_sizes: list[int], max_tokens: int, repeats: int, seed: int,
-              progress: bool = True) -> list[dict[str, Any]]:
+              progress: bool = True, batching: str = "static") -> list[dict[str, Any]]:
     """Every cell of the suite; methods[0] is plain decoding (the reference)."""
-    total = sum(-(-len(prompts) // batch) for prompts in prompt_sets.values()
+    total = sum(len(passes(len(prompts), batch, batching)) for prompts in prompt_sets.values()
                 for batch in batch_sizes) * len(temperatures) * repeats * len(methods)
     cells: list[dict[str, Any]] = []
     with tqdm(total=total, desc="bench", unit="batch", disable=not progress) as bar:
@@ -297,9 +368,10 @@ def run_suite(engines: dict[str, Engine], methods: list[Method],
                 for batch in batch_sizes:
                     bar.set_description(f"{name} T={temperature:g} B={batch}")
                     results = run_cell(engines, methods, prompts, temperature, batch,
-                                       max_tokens, repeats, seed, bar)
+                                       max_tokens, repeats, seed, bar, batching)
                     cells.extend({"prompts": name, "num_prompts": len(prompts),
-                                  "temperature": temperature, "batch_size": batch, **res}
+                                  "temperature": temperature, "batch_size": batch,
+                                  "batching": batching, **res}
                                  for res in results)
     return cells
 

@@ -24,9 +24,16 @@ def drafter_text(cell: dict[str, Any]) -> str:
     return _fmt(cell.get("drafter_ms_per_step"), 1) + (f" ({100 * share:.0f}%)" if share else "")
 
 
+def batch_text(cell: dict[str, Any]) -> str:
+    """B, marked when the cell kept B requests in flight instead of decoding B-prompt batches
+    (results from before the option have no "batching": static)."""
+    continuous = cell.get("batching", "static") == "continuous"
+    return f"{cell['batch_size']}" + (" (continuous)" if continuous else "")
+
+
 def row(cell: dict[str, Any]) -> str:
     return (f"| {cell['prompts']} ({cell['num_prompts']}) | {cell['temperature']:g} "
-            f"| {cell['batch_size']} | `{cell['method']}` | {_fmt(cell['tokens_per_s'], 2)} "
+            f"| {batch_text(cell)} | `{cell['method']}` | {_fmt(cell['tokens_per_s'], 2)} "
             f"| {_fmt(cell['per_request_tokens_per_s'], 2)} "
             f"| **{_fmt(cell['speedup'], 2)}x** | {_fmt(cell['accepted_per_step'], 2)} "
             f"| {drafter_text(cell)} | {identical_text(cell)} |")

@@ -111,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
 def add_suite_args(p: argparse.ArgumentParser) -> None:
     """The suite's options; defaults of the full run, or of `--quick` (QUICK) when given."""
     from vllm_specdiff.bench.runner import FULL, QUICK
+    from vllm_specdiff.bench.suite import BATCHING
 
     def default(key: str) -> str:
         return f"full run: {FULL[key]}; --quick: {QUICK[key]}"
@@ -128,7 +129,12 @@ def add_suite_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--temperature", nargs="+", type=float, default=None,
                    help=f"request temperatures ({default('temperature')})")
     g.add_argument("--batch-size", nargs="+", type=int, default=None, dest="batch_size",
-                   help=f"requests per generate call ({default('batch_size')})")
+                   help=f"requests decoded together, see --batching ({default('batch_size')})")
+    g.add_argument("--batching", choices=BATCHING, default=None,
+                   help="static: B prompts per generate call, each batch lasting as long as "
+                        "its slowest request; continuous: the whole set with B requests in "
+                        "flight, a finished request's slot going to the next prompt (a server "
+                        f"under B concurrent clients) ({default('batching')})")
     g.add_argument("--max-tokens", type=int, default=None,
                    help=f"new tokens per request ({default('max_tokens')})")
     g.add_argument("--repeats", type=int, default=None,

