@@ -46,3 +46,9 @@ def register() -> None:
         logging.getLogger("vllm.specdiff").info(
             "SpecDiff: installed the fix for vLLM's CPU top-k sampler on steps with no draft "
             "tokens (every speculative method)")
+    from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens_without_drafts
+
+    if fix_recovered_tokens_without_drafts():
+        logging.getLogger("vllm.specdiff").info(
+            "SpecDiff: vLLM's rejection sampler skips recovered-token sampling on steps "
+            "without draft tokens (every speculative method)")
