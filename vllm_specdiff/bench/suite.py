@@ -178,23 +178,16 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
 
 def run_batch(engine: Engine, prompts: list[list[int]], params: list[Any], run: Run) -> None:
     """Decode one batch in one generate call; add its wall time, tokens, outputs and counter
-    deltas to `run`."""
+    deltas to `run` (each request's throughput over the call's wall time)."""
     from vllm.inputs import TokensPrompt
 
-    counters, proposer = engine.snapshot()
+    before = engine.snapshot()
     began = time.perf_counter()
     outs = engine.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params,
                                use_tqdm=False)
     seconds = time.perf_counter() - began
-    after, proposer_after = engine.snapshot()
-    run.seconds += seconds
-    for out in outs:
-        tokens = list(out.outputs[0].token_ids)
-        run.outputs.append(tokens)
-        run.new_tokens.append(len(tokens))
-        run.per_request_tps.append(max(len(tokens) - 1, 0) / seconds if seconds else 0.0)
-    _accumulate(run.counters, _delta(after, counters))
-    run.proposer = run.proposer.plus(proposer_after.plus(proposer, -1))
+    _record(run, engine, before, seconds,
+            [(list(out.outputs[0].token_ids), seconds) for out in outs])
 
 
 def run_stream(engine: Engine, prompts: list[list[int]], params: list[Any], concurrency: int,
@@ -206,7 +199,7 @@ def run_stream(engine: Engine, prompts: list[list[int]], params: list[Any], conc
     from vllm.inputs import TokensPrompt
 
     core = engine.llm.llm_engine
-    counters, proposer = engine.snapshot()
+    before = engine.snapshot()
     in_flight: dict[str, tuple[int, float]] = {}  # request id -> (prompt index, start)
     done: dict[int, tuple[list[int], float]] = {}
     began = time.perf_counter()
@@ -218,11 +211,18 @@ def run_stream(engine: Engine, prompts: list[list[int]], params: list[Any], conc
         in_flight[request_id] = (i, time.perf_counter())
     while in_flight:
         _step(core, in_flight, done)
-    seconds = time.perf_counter() - began
+    _record(run, engine, before, time.perf_counter() - began,
+            [done[i] for i in range(len(prompts))])
+
+
+def _record(run: Run, engine: Engine, before: tuple[dict[str, Any], ProposerCounts],
+            seconds: float, results: list[tuple[list[int], float]]) -> None:
+    """Add one pass to `run`: its wall time, each request's (tokens, seconds it took) in prompt
+    order, and the engine's counter deltas since `before` (its snapshot at the start)."""
+    counters, proposer = before
     after, proposer_after = engine.snapshot()
     run.seconds += seconds
-    for i in range(len(prompts)):
-        tokens, latency = done[i]
+    for tokens, latency in results:
         run.outputs.append(tokens)
         run.new_tokens.append(len(tokens))
         run.per_request_tps.append(max(len(tokens) - 1, 0) / latency if latency else 0.0)
@@ -338,10 +338,9 @@ def run_cell(engines: dict[str, Engine], methods: list[Method], prompts: list[li
         current = {m.label: Run() for m in methods}
         for j, part in enumerate(passes(len(prompts), batch_size, batching)):
             shift = (r + j) % len(methods)
+            chunk, chunk_params = [prompts[i] for i in part], [params[i] for i in part]
             for method in methods[shift:] + methods[:shift]:
                 bar.set_postfix_str(method.label)
-                chunk = [prompts[i] for i in part]
-                chunk_params = [params[i] for i in part]
                 if batching == "continuous":
                     run_stream(engines[method.label], chunk, chunk_params, batch_size,
                                current[method.label])

