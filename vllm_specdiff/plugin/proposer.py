@@ -34,7 +34,7 @@ from vllm_specdiff.plugin.config import (
     tree_worker,
 )
 from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
-from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens_without_drafts
+from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens
 from vllm_specdiff.plugin.topk_fix import fix_cpu_top_k_only
 from vllm_specdiff.plugin.trie import RequestTrie, build_request_trie
 
@@ -98,9 +98,9 @@ class SpecDiffProposer:
         if fix_cpu_expand_kernel():
             _logger().info("SpecDiff: installed the fix for vLLM's CPU expand_kernel "
                            "(temperature > 0 verification)")
-        if fix_recovered_tokens_without_drafts():
-            _logger().info("SpecDiff: vLLM's rejection sampler skips recovered-token sampling "
-                           "on steps without draft tokens")
+        if fix_recovered_tokens():
+            _logger().info("SpecDiff: vLLM's rejection sampler draws recovered-token variates "
+                           "only for rows with draft tokens, vectorised on the CPU")
         if fix_cpu_top_k_only():
             _logger().info("SpecDiff: installed the fix for vLLM's CPU top-k sampler (steps "
                            "with no draft tokens)")

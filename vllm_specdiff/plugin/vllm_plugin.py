@@ -46,9 +46,9 @@ def register() -> None:
         logging.getLogger("vllm.specdiff").info(
             "SpecDiff: installed the fix for vLLM's CPU top-k sampler on steps with no draft "
             "tokens (every speculative method)")
-    from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens_without_drafts
+    from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens
 
-    if fix_recovered_tokens_without_drafts():
+    if fix_recovered_tokens():
         logging.getLogger("vllm.specdiff").info(
-            "SpecDiff: vLLM's rejection sampler skips recovered-token sampling on steps "
-            "without draft tokens (every speculative method)")
+            "SpecDiff: vLLM's rejection sampler draws recovered-token variates only for rows "
+            "with draft tokens, vectorised on the CPU (every speculative method)")
