@@ -3,3 +3,18 @@
 The installed `vllm-specdiff` CLI never imports this package: what it needs lives in
 `vllm_specdiff` (e.g. `vllm_specdiff.harness`).
 """
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def emit_report(report: dict[str, Any], out: Path | None) -> None:
+    """Print a benchmark's JSON report and, with `out`, write it there too."""
+    text = json.dumps(report, indent=2)
+    print(text)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")

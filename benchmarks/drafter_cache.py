@@ -18,7 +18,6 @@ process CPU time; medians, so load from other processes spreads less into them).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 
 from vllm_specdiff.provenance import provenance
+from vllm_specdiff_benchmarks import emit_report
 
 SETTINGS = ("sliding", "strided", "full")
 
@@ -98,11 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         "config": {**{k: v for k, v in vars(args).items() if k != "out"}, "torch_threads": 1},
         "results": results,
     }
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit_report(report, args.out)
     return 0
 
 

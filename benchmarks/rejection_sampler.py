@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from vllm_specdiff.provenance import provenance
+from vllm_specdiff_benchmarks import emit_report
 
 VOCAB = 49152
 CELLS = ((1, 4), (1, 8), (4, 8), (16, 2), (16, 8))
@@ -104,11 +105,7 @@ def main(argv: list[str] | None = None) -> int:
               "config": {"calls": args.calls, "vocab": VOCAB,
                          "torch_threads": torch.get_num_threads()},
               "results": results}
-    text = json.dumps(report, indent=2)
-    print(text)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    emit_report(report, args.out)
     return 0
 
 

@@ -99,8 +99,8 @@ class SpecDiffProposer:
             _logger().info("SpecDiff: installed the fix for vLLM's CPU expand_kernel "
                            "(temperature > 0 verification)")
         if fix_recovered_tokens():
-            _logger().info("SpecDiff: vLLM's rejection sampler draws recovered-token variates "
-                           "only for rows with draft tokens, vectorised on the CPU")
+            _logger().info("SpecDiff: vLLM's rejection sampler samples recovered tokens only "
+                           "where its kernel reads them (CPU)")
         if fix_cpu_top_k_only():
             _logger().info("SpecDiff: installed the fix for vLLM's CPU top-k sampler (steps "
                            "with no draft tokens)")

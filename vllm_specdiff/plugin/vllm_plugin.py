@@ -50,5 +50,5 @@ def register() -> None:
 
     if fix_recovered_tokens():
         logging.getLogger("vllm.specdiff").info(
-            "SpecDiff: vLLM's rejection sampler draws recovered-token variates only for rows "
-            "with draft tokens, vectorised on the CPU (every speculative method)")
+            "SpecDiff: vLLM's rejection sampler samples recovered tokens only where its "
+            "kernel reads them (CPU; every speculative method)")
