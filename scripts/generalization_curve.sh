@@ -12,6 +12,9 @@
 # RESULT_DIR (default benchmarks/results) gets generalization_curve_{chat,humaneval}.json; STEPs
 # (default: every 100th of stage 2, plus the latest) are checkpoints of stage 2
 # (runs/compare-from-step-0000850-streak); stage 1's end (its step 850) is always included.
+# SPECDIFF_CURVE_RUN=continued scores `train_default_drafter.sh continue`'s run instead (STEPs
+# are its own; step N there is step 3,900 + N in all), against the shipped drafter it started
+# from, into generalization_curve_continued_{chat,humaneval}.json.
 # `eval --no-verifier-pass` scores each draft against the data's own tokens: exact for greedy
 # data at T = 0, and ~1 minute per candidate and set on one core. The data are generated once
 # (vLLM, ~3 minutes a set) under $SPECDIFF_CACHE_DIR/data/bench-*-greedy.
@@ -22,15 +25,21 @@ CACHE="${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}"
 OUT="${1:-$ROOT/benchmarks/results}"
 shift || true
 V="$("$BIN/vllm-specdiff" models | sed -n 's/^verifier: //p')"
-STAGE1="$CACHE/runs/default-drafter/checkpoints/step-0000850"
-STAGE2="$CACHE/runs/compare-from-step-0000850-streak/checkpoints"
+case "${SPECDIFF_CURVE_RUN:-stage2}" in
+  stage2)
+    RUN="$CACHE/runs/compare-from-step-0000850-streak/checkpoints" NAME=stage2 SUFFIX=
+    CANDIDATES=(--candidate "stage1-850=$CACHE/runs/default-drafter/checkpoints/step-0000850") ;;
+  continued)
+    RUN="$CACHE/runs/default-drafter-continued/checkpoints" NAME=continued SUFFIX=_continued
+    CANDIDATES=(--candidate "shipped-3900=$CACHE/drafters/shipped-start") ;;
+  *) echo "SPECDIFF_CURVE_RUN: stage2 or continued, not ${SPECDIFF_CURVE_RUN}" >&2; exit 2 ;;
+esac
 if [ $# -eq 0 ]; then
-  LATEST="$(ls -d "$STAGE2"/step-* | sort | tail -n 1)"
-  set -- $(ls -d "$STAGE2"/step-*00 | sed 's/.*step-0*//') "$(basename "$LATEST" | sed 's/step-0*//')"
+  LATEST="$(ls -d "$RUN"/step-* | sort | tail -n 1)"
+  set -- $(ls -d "$RUN"/step-*00 | sed 's/.*step-0*//') "$(basename "$LATEST" | sed 's/step-0*//')"
 fi
-CANDIDATES=(--candidate "stage1-850=$STAGE1")
 for STEP in $(printf '%s\n' "$@" | sort -n | uniq); do
-  CANDIDATES+=(--candidate "stage2-$STEP=$STAGE2/step-$(printf %07d "$STEP")")
+  CANDIDATES+=(--candidate "$NAME-$STEP=$RUN/step-$(printf %07d "$STEP")")
 done
 mkdir -p "$OUT"
 for SET in chat humaneval; do
@@ -50,5 +59,5 @@ with open(sys.argv[2], "w") as f:
   fi
   OMP_NUM_THREADS=1 "$BIN/specdiff-distill" eval --data "$DATA" --verifier "$V" \
     "${CANDIDATES[@]}" --split all --windows-per-seq 16 --max-windows 256 --gamma 8 \
-    --no-verifier-pass --output "$OUT/generalization_curve_$SET.json"
+    --no-verifier-pass --output "$OUT/generalization_curve${SUFFIX}_$SET.json"
 done

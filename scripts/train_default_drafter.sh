@@ -4,14 +4,19 @@
 # are skipped, training resumes from its latest checkpoint). Runs at low priority.
 #
 #   bash scripts/train_default_drafter.sh            # all stages: corpus, generate, train
-#   bash scripts/train_default_drafter.sh STAGE      # one stage: corpus|generate|train|streak|export
+#   bash scripts/train_default_drafter.sh STAGE      # corpus|generate|train|streak|continue|export
 # `train` is stage 1 (masked cross-entropy, stopped at step 850 for the shipped drafter);
 # `streak` is stage 2: the streak run of scripts/compare_losses.sh (from stage 1's step 850) on
 # the general corpus's data up to step STAGE2_SWITCH, then continued in the same run to
 # SPECDIFF_STREAK_STEPS (default 40000) steps with the completion corpus's data appended
 # (HumanEval-like "complete this function" requests, which the general corpus has few of).
-# `export` ships the latest checkpoint of stage 2 into the package
-# (vllm_specdiff/assets/default_drafter).
+# `continue` is stage 2 again from the shipped drafter, for a machine that lost stage 2's
+# checkpoints (the cache is not kept between machines): the same settings and data as stage 2
+# after STAGE2_SWITCH, a fresh optimizer, to SPECDIFF_STREAK_STEPS steps of its own; its curve
+# continues the shipped one. It is not part of `all` (a fresh machine's `all` is the recipe
+# from scratch).
+# `export` ships the latest checkpoint of the `continue` run if there is one, else of stage 2,
+# into the package (vllm_specdiff/assets/default_drafter).
 # `generate` and `train` may run side by side: a (re)started training run reads every shard
 # that exists by then.
 #
@@ -30,14 +35,17 @@ from vllm_specdiff.plugin.cpu_env import recommended_env
 print(" ".join(f"{k}={shlex.quote(v)}" for k, v in recommended_env().items()))')"
 
 STAGE="${1:-all}"
-case "$STAGE" in all|corpus|generate|train|streak|export) ;; *)
-  echo "usage: $0 [all|corpus|generate|train|streak|export]" >&2; exit 2 ;; esac
+case "$STAGE" in all|corpus|generate|train|streak|continue|export) ;; *)
+  echo "usage: $0 [all|corpus|generate|train|streak|continue|export]" >&2; exit 2 ;; esac
 STAGE1_END="$RUN/checkpoints/step-0000850"
 STREAK_RUN="$CACHE/runs/compare-from-step-0000850-streak"
+CONTINUE_RUN="$CACHE/runs/default-drafter-continued"
 want() { [ "$STAGE" = all ] || [ "$STAGE" = "$1" ]; }
 
 if [ "$STAGE" = export ]; then
-  "$BIN/specdiff-distill" export --run "$STREAK_RUN" --verifier "$V" \
+  EXPORT_RUN="$STREAK_RUN"
+  [ -d "$CONTINUE_RUN/checkpoints" ] && EXPORT_RUN="$CONTINUE_RUN"
+  "$BIN/specdiff-distill" export --run "$EXPORT_RUN" --verifier "$V" \
     --output "$ROOT/vllm_specdiff/assets/default_drafter" --draft-vocab-size 8192
 fi
 
@@ -86,5 +94,20 @@ if want streak; then
   SPECDIFF_COMPARE_DATA="$CACHE/data/greedy,$CACHE/data/greedy-complete" \
     bash "$ROOT/scripts/compare_losses.sh" --continue streak "${SPECDIFF_STREAK_STEPS:-40000}" \
     "$STAGE1_END"
+fi
+if [ "$STAGE" = continue ]; then
+  # the shipped drafter as `vllm-specdiff models` assembles it, with the full (frozen) head:
+  # without its d2t table, as stage 2 trained; export picks the reduced head again
+  START="$CACHE/drafters/shipped-start"
+  if [ ! -f "$START/model.safetensors" ]; then
+    D="$("$BIN/vllm-specdiff" models | sed -n 's/^drafter: //p')"
+    mkdir -p "$START"
+    cp "$D"/* "$START"/
+    rm -f "$START/d2t.safetensors"
+    cp "$ROOT/vllm_specdiff/assets/default_drafter/learning_curve.json" "$START"/
+  fi
+  source "$ROOT/scripts/compare_common.sh"
+  compare_train "$CACHE/data/greedy,$CACHE/data/greedy-complete" "$START" \
+    "$(basename "$CONTINUE_RUN")" streak "${SPECDIFF_STREAK_STEPS:-40000}"
 fi
 exit 0
