@@ -5,6 +5,7 @@
     specdiff-distill train --data data/ --drafter DRAFTER_DIR --output runs/streak
     specdiff-distill eval --data data/ --verifier DIR --candidate base=DRAFTER_DIR \\
         --candidate runs/streak --output runs/eval.json
+    specdiff-distill datastore --data data/ --output datastore.safetensors
 
 Options mirror the fields of GenerateConfig / TrainConfig / EvalConfig (one flag per field), so
 the CLI, the Python API and the saved train_config.json all use the same names.
@@ -51,7 +52,8 @@ HELP = {
     "data": "data directory written by `generate`, or several separated by commas (a "
             "resumed run may append directories)",
     "output": "output directory (train) / JSON file (eval; a PNG is written beside it) / "
-              "prompt jsonl (corpus) / slim drafter directory (export)",
+              "prompt jsonl (corpus) / slim drafter directory (export) / datastore file "
+              "(datastore)",
     "drafter": "drafter directory to train (e.g. the default block-causal drafter)",
     "init_from": "or: a Llama/Qwen2 causal LM directory to build a block-causal drafter from "
                  "(--objective ar: the causal LM truncated to --num-layers)",
@@ -111,7 +113,7 @@ HELP = {
 SINGULAR = {"candidates": "candidate"}
 REQUIRED = {"corpus": {"output"}, "generate": {"verifier", "prompts", "output"},
             "train": {"data", "output"}, "eval": {"data", "verifier", "candidates"},
-            "export": {"run", "verifier", "output"}}
+            "export": {"run", "verifier", "output"}, "datastore": {"data", "output"}}
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type, required: set[str]) -> None:
@@ -145,6 +147,7 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, required: set[str]) 
 
 def build_parser() -> argparse.ArgumentParser:
     from .corpus import CorpusConfig
+    from .datastore import DatastoreConfig
     from .evaluate import EvalConfig
     from .export import ExportConfig
     from .generate import GenerateConfig
@@ -160,7 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
             ("train", TrainConfig, "streak-distil a drafter on verifier sequences"),
             ("eval", EvalConfig, "accepted lengths and acceptance curves against the verifier"),
             ("export", ExportConfig, "a full fine-tuning run -> slim drafter directory + its "
-                                     "learning curve")):
+                                     "learning curve"),
+            ("datastore", DatastoreConfig, "verifier data -> a retrieval datastore file (the "
+                                           "training split's continuations)")):
         p = sub.add_parser(name, help=desc, description=desc)
         _add_fields(p, cls, REQUIRED[name])
         p.set_defaults(config_cls=cls)
@@ -192,6 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .export import run_export
 
             result = run_export(cfg)
+        elif args.command == "datastore":
+            from .datastore import run_datastore
+
+            result = run_datastore(cfg)
         else:
             from .evaluate import run_eval
 

@@ -401,3 +401,22 @@ def test_eval_without_the_verifier_pass_scores_against_the_datas_tokens(tmp_path
     assert cheap["expected_accepted_length"] is None and cheap["greedy_accepted_length"] is None
     assert cheap["windows"] == full["windows"] == 24
     assert (tmp_path / "False.png").is_file()
+
+
+def test_datastore_command_holds_the_training_split_only(tmp_path, data_dir, capsys):
+    from vllm_specdiff.core.datastore import Datastore
+
+    out = tmp_path / "store" / "datastore.safetensors"
+    assert main(["datastore", "--data", str(data_dir), "--output", str(out),
+                 "--heldout-fraction", "0.25"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    train, held = split_heldout(load_sequences(data_dir), 0.25)
+    assert summary["sequences"] == len(train) and summary["held_out_sequences"] == len(held) > 0
+    generated = [train.sequence(i)[int(train.prompt_lens[i]):] for i in range(len(train))]
+    store = Datastore.load(out)
+    assert len(store) == summary["continuation_tokens"] == sum(len(g) for g in generated)
+    # a training continuation is drafted from its own prompt's end onwards
+    seq, plen = train.sequence(0).numpy(), int(train.prompt_lens[0])
+    draft = store.draft(seq[: plen + 4], 3)
+    assert draft is not None and len(draft) >= 1
+    assert main(["datastore", "--data", str(tmp_path / "none"), "--output", str(out)]) == 2

@@ -102,3 +102,79 @@ def test_lookup_drafts_keep_greedy_output_identical(tiny_verifier, tiny_drafter)
     gc.collect()
     assert got == expected
     assert 0 < stats["lookup_drafts"] < stats["drafted_rows"]  # both sources drafted
+
+
+def _datastore(tmp_path, sequences):
+    from vllm_specdiff.core.datastore import Datastore
+
+    path = tmp_path / "datastore.safetensors"
+    Datastore.from_sequences(sequences).save(path)
+    return path
+
+
+def test_a_datastore_drafts_where_lookup_finds_nothing(tiny_drafter, tmp_path):
+    # the verifier once continued [.., 26, 27, 28] with [40, 41, 42, 43, 44]
+    path = _datastore(tmp_path, [([1, 2, 26, 27, 28, 40, 41, 42, 43, 44], 5)])
+    proposer = _proposer(tiny_drafter, 256, gamma=4, adaptive=False, datastore=str(path))
+    proposer.load_model(None)
+    calls: list[int] = []
+    draft_logits = proposer.drafter.draft_logits
+    proposer.drafter.draft_logits = lambda ctx, n, **kw: calls.append(len(ctx)) or draft_logits(
+        ctx, n, **kw)
+    tokens = np.zeros((3, 64), dtype=np.int64)
+    tokens[0, :9] = [7, 8, 9, 10, 11, 12, 7, 8, 9]  # repeats: prompt lookup comes first
+    tokens[1, :9] = np.arange(20, 29)  # no repeat; its suffix [26, 27, 28] is in the datastore
+    tokens[2, :9] = np.arange(50, 59)  # neither: the drafter's draft
+    drafts = proposer.propose([[9], [28], [58]], np.array([9, 9, 9]), tokens)
+    assert drafts[0] == [10, 11, 12, 7]
+    assert drafts[1] == [40, 41, 42, 43]
+    assert len(drafts[2]) == 4 and calls == [1]
+    stats = proposer.get_stats()
+    assert stats["lookup_drafts"] == 2 and stats["datastore_drafts"] == 1
+
+
+@pytest.mark.parametrize("options, error", [
+    ({"datastore": "missing.safetensors"}, "no file"),
+    ({"candidates": ["argmax", "sample"]}, "needs K = 1 and 'ngram'"),
+])
+def test_bad_datastore_options_are_named(tmp_path, options, error):
+    from vllm_specdiff.plugin.config import parse_specdiff_config
+
+    path = _datastore(tmp_path, [([1, 2, 3, 4], 1)])
+    section = {"datastore": str(path), **options}
+    if section["datastore"] == "missing.safetensors":
+        section["datastore"] = str(tmp_path / "missing.safetensors")
+    with pytest.raises((ValueError, FileNotFoundError), match=error) as info:
+        parse_specdiff_config({"specdiff": section})
+    assert "'datastore'" in str(info.value)
+
+
+@pytest.mark.vllm
+def test_datastore_drafts_keep_greedy_output_identical(tiny_verifier, tiny_drafter, tmp_path):
+    import gc
+
+    from vllm import LLM, SamplingParams
+
+    from vllm_specdiff.plugin.engine import specdiff_stats
+
+    kwargs = dict(model=str(tiny_verifier), max_model_len=256, max_num_seqs=4, seed=0,
+                  kv_cache_memory_bytes=200_000, dtype="float32", enforce_eager=True)
+    prompts = [word_prompt(i, 12) for i in range(4)]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    plain = LLM(**kwargs)
+    outputs = plain.generate(prompts, params, use_tqdm=False)
+    expected = [o.outputs[0].token_ids for o in outputs]
+    # the datastore: the verifier's own continuations of half the prompts, so the others'
+    # drafts come from it wherever their suffixes recur, right or wrong
+    path = _datastore(tmp_path, [(list(o.prompt_token_ids) + list(o.outputs[0].token_ids),
+                                  len(o.prompt_token_ids)) for o in outputs[:2]])
+    del plain
+    gc.collect()
+    spec = LLM(**kwargs, **speculative_args(tiny_drafter, gamma=4, adaptive=False,
+                                            datastore=str(path)))
+    got = [o.outputs[0].token_ids for o in spec.generate(prompts, params, use_tqdm=False)]
+    stats = specdiff_stats(spec)["proposer"]
+    del spec
+    gc.collect()
+    assert got == expected
+    assert stats["datastore_drafts"] > 0  # retrieval drafted, and verification decided

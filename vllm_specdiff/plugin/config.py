@@ -97,6 +97,10 @@ class SpecDiffConfig:
       acceptance (`plugin/adaptive.py`); False drafts num_speculative_tokens every step.
     draft_margin: with adaptive, at batch > 1 a step drafts only if it promises this fraction
       more committed tokens per second than a step without drafts (`adaptive.DRAFT_MARGIN`).
+    datastore: a retrieval datastore file (`specdiff-distill datastore`): with K = 1 and
+      "ngram", a row whose context has no prompt-lookup match drafts what followed the
+      context's suffix in the verifier's own earlier continuations (`core.datastore`), as a
+      lookup draft (no drafter call). None: off.
     """
 
     drafter: str | None = None
@@ -116,6 +120,7 @@ class SpecDiffConfig:
     quantize: str = "auto"
     adaptive: bool = True
     draft_margin: float = DRAFT_MARGIN
+    datastore: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,6 +221,21 @@ def _checked(name: str, check: Any, *args: Any) -> None:  # noqa: ANN401
         raise type(e)(f"{_opt(name)}: {e}") from None
 
 
+def _datastore(value: Any, tree: dict[str, Any]) -> str | None:  # noqa: ANN401
+    """The datastore file: it must exist, and it drafts only through prompt lookup's path
+    (K = 1 with "ngram" in candidates)."""
+    path = _path("datastore", value)
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{_opt('datastore')}: no file {path} (build one with "
+                                "`specdiff-distill datastore`)")
+    if tree["K"] != 1 or "ngram" not in tree["candidates"]:
+        raise ValueError(f"{_opt('datastore')} drafts where prompt lookup finds nothing: it "
+                         f"needs K = 1 and 'ngram' in {_opt('candidates')}")
+    return path
+
+
 def check_paths(drafter: str | None, lora: str | None) -> None:
     """The drafter and adapter files, checked in seconds before the engine starts (the same
     checks `load_drafter` runs): a broken config.json, an unknown model_type, missing weights
@@ -297,6 +317,7 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
     drafter = _path("drafter", get("drafter", defaults.drafter))
     lora = _path("lora", get("lora", defaults.lora))
     check_paths(drafter, lora)
+    tree = _tree_options(get, defaults, gamma)
     return SpecDiffConfig(
         drafter=drafter,
         lora=lora,
@@ -313,8 +334,9 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
         cache_bytes=_int("cache_bytes", get("cache_bytes", defaults.cache_bytes), 1,
                          allow_none=True),
         log_interval=_number("log_interval", get("log_interval", defaults.log_interval), 0.0),
-        **_tree_options(get, defaults, gamma),
+        **tree,
         quantize=_choice("quantize", get("quantize", defaults.quantize), QUANTIZE_MODES),
         adaptive=_bool("adaptive", get("adaptive", defaults.adaptive)),
         draft_margin=_number("draft_margin", get("draft_margin", defaults.draft_margin), 0.0),
+        datastore=_datastore(get("datastore", defaults.datastore), tree),
     )

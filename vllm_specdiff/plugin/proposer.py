@@ -18,12 +18,14 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
+from vllm_specdiff.core.datastore import Datastore
 from vllm_specdiff.plugin.adaptive import AdaptiveDrafting, Plan
 from vllm_specdiff.plugin.candidates import candidate_drafts, lookup_continuation, ngram_draft
 from vllm_specdiff.plugin.config import (
@@ -102,6 +104,8 @@ class SpecDiffProposer:
         max_num_seqs = int(vllm_config.scheduler_config.max_num_seqs)
         # K = 1 with "ngram": rows whose context repeats draft the prompt-lookup continuation
         self.lookup_enabled = self.config.K == 1 and "ngram" in self.config.candidates
+        self.datastore = None if self.config.datastore is None \
+            else Datastore.load(Path(self.config.datastore))
         parallel = getattr(vllm_config, "parallel_config", None)
         self.tp_size = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
         self.cache_size = self.config.cache_size or max(16, 2 * max_num_seqs)
@@ -112,6 +116,7 @@ class SpecDiffProposer:
         self.propose_calls = 0
         self.drafted_rows = 0
         self.lookup_drafts = 0  # K = 1 with "ngram": rows drafted by prompt lookup
+        self.datastore_drafts = 0  # of those, rows drafted from the datastore
         self.drafter_seconds = 0.0
         # per context signature, one entry per row (rows with identical contexts, e.g. greedy
         # n > 1, each keep theirs)
@@ -246,7 +251,7 @@ class SpecDiffProposer:
                                 max(room, 0), 0 if prev is None else prev.drafted_upto))
         self._pending.clear()  # rows not seen this step finished or were preempted
         self._record_accepted(accepted, depths, from_lookup)
-        found = self._lookups(decoded)
+        found, retrieved = self._lookups(decoded)
         lengths = self._draft_lengths(decoded, start, verified, found)
         by_lookup = {row.index for row, n in zip(decoded, lengths, strict=True)
                      if n and row.index in found}
@@ -282,23 +287,32 @@ class SpecDiffProposer:
             self.propose_calls += 1
             self.drafted_rows += sum(1 for n in lengths if n)  # by the drafter or by lookup
             self.lookup_drafts += len(by_lookup)
+            self.datastore_drafts += len(by_lookup & retrieved)
             self.drafter_seconds += elapsed
         self._maybe_log()
         return drafts
 
     # ---- adaptive drafting ----------------------------------------------------------------------
-    def _lookups(self, decoded: list[_Row]) -> dict[int, np.ndarray]:
+    def _lookups(self, decoded: list[_Row]) -> tuple[dict[int, np.ndarray], set[int]]:
         """With prompt lookup on: per batch index, the lookup continuation (at most the row's
-        room) of each row whose context repeats."""
+        room) of each row whose context repeats, else (with a datastore) the retrieved one;
+        and the batch indices whose continuation was retrieved."""
+        out: dict[int, np.ndarray] = {}
+        retrieved: set[int] = set()
         if not self.lookup_enabled:
-            return {}
-        out = {}
+            return out, retrieved
         for row in decoded:
             if row.room > 0:
-                continuation = lookup_continuation(row.context.numpy(), row.room)
+                context = row.context.numpy()
+                continuation = lookup_continuation(context, row.room)
+                if (continuation is None or not continuation.shape[0]) \
+                        and self.datastore is not None:
+                    continuation = self.datastore.draft(context, row.room)
+                    if continuation is not None:
+                        retrieved.add(row.index)
                 if continuation is not None and continuation.shape[0] > 0:
                     out[row.index] = continuation
-        return out
+        return out, retrieved
 
     def _draft_lengths(self, decoded: list[_Row], start: float, verified: int | None,
                        found: dict[int, np.ndarray]) -> list[int]:
@@ -457,7 +471,7 @@ class SpecDiffProposer:
         """Drafter time per step and acceptance, as the Python API and log line report them."""
         with self._lock:
             calls, rows, seconds = self.propose_calls, self.drafted_rows, self.drafter_seconds
-            lookups = self.lookup_drafts
+            lookups, retrieved = self.lookup_drafts, self.datastore_drafts
             adaptive = {"enabled": False} if self.adaptive is None else self.adaptive.stats()
         out = {
             "gamma": self.gamma,
@@ -465,6 +479,7 @@ class SpecDiffProposer:
             "propose_calls": calls,
             "drafted_rows": rows,
             "lookup_drafts": lookups,
+            "datastore_drafts": retrieved,
             "drafter_seconds": seconds,
             "drafter_ms_per_step": 1000.0 * seconds / calls if calls else 0.0,
             "mean_accepted_length": self.stats.mean_accepted_length,
@@ -496,6 +511,7 @@ class SpecDiffProposer:
             self.propose_calls = 0
             self.drafted_rows = 0
             self.lookup_drafts = 0
+            self.datastore_drafts = 0
             self.drafter_seconds = 0.0
             self._logged = (0, 0.0, 0)
             self.tree_stats = SpecDecodeStats()
