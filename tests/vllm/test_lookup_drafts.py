@@ -149,6 +149,15 @@ def test_bad_datastore_options_are_named(tmp_path, options, error):
     assert "'datastore'" in str(info.value)
 
 
+def test_a_datastore_of_another_vocabulary_fails_at_start(tiny_drafter, tmp_path):
+    from vllm_specdiff.drafter import load_drafter
+
+    vocab = load_drafter(str(tiny_drafter)).vocab_size
+    path = _datastore(tmp_path, [([1, 2, vocab + 5, 3], 1)])
+    with pytest.raises(ValueError, match="outside the verifier's vocabulary"):
+        _proposer(tiny_drafter, 256, gamma=4, datastore=str(path))
+
+
 @pytest.mark.vllm
 def test_datastore_drafts_keep_greedy_output_identical(tiny_verifier, tiny_drafter, tmp_path):
     import gc

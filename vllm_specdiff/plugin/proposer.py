@@ -106,6 +106,13 @@ class SpecDiffProposer:
         self.lookup_enabled = self.config.K == 1 and "ngram" in self.config.candidates
         self.datastore = None if self.config.datastore is None \
             else Datastore.load(Path(self.config.datastore))
+        if self.datastore is not None and self.datastore.tokens.size \
+                and int(self.datastore.tokens.max()) >= self.verifier_vocab_size:
+            raise ValueError(f"additional_config['specdiff']['datastore']: "
+                             f"{self.config.datastore} holds token ids up to "
+                             f"{int(self.datastore.tokens.max())}, outside the verifier's "
+                             f"vocabulary ({self.verifier_vocab_size}): it was built from "
+                             "another model's data")
         parallel = getattr(vllm_config, "parallel_config", None)
         self.tp_size = int(getattr(parallel, "tensor_parallel_size", 1) or 1)
         self.cache_size = self.config.cache_size or max(16, 2 * max_num_seqs)
