@@ -12,7 +12,8 @@
 #   suite_adaptive_b1.json / suite_adaptive_b16.json  adaptive drafting against every fixed
 #                    gamma 1..4 and 8 at batch 1 (T 0), and against plain, itself without the
 #                    draft margin (draft_margin=0) and fixed gamma 4 and 8 at batch 16 (SPECDIFF_B16_LIMIT prompts per set, default 48: three batches,
-#                    so one slow batch does not decide a repeat)
+#                    so one slow batch does not decide a repeat; the methods step by step
+#                    side by side, --interleave step, so the host's speed changes cancel)
 #   suite_adaptive_b16_continuous.json  the same with 16 requests in flight (--batching
 #                    continuous: a finished request's slot goes to the next prompt, as serving)
 #   suite_ngram_*.json vLLM ngram's settings tuned once: lookup windows 1-3, 2-4, 3-5, 2-6 at
@@ -86,10 +87,11 @@ part adaptive-b1 && bench --prompts humaneval "$CHAT" --temperature 0 --batch-si
 B16="plain,specdiff2,specdiff2:draft_margin=0,specdiff2:adaptive=false:gamma=4"
 B16="$B16,specdiff2:adaptive=false"
 part adaptive-b16 && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 16 \
-  --limit "$B16_LIMIT" --methods "$B16" --json "$OUT/suite_adaptive_b16.json"
+  --limit "$B16_LIMIT" --interleave step --methods "$B16" \
+  --json "$OUT/suite_adaptive_b16.json"
 part adaptive-b16-continuous && bench --prompts humaneval "$CHAT" --temperature 0 \
-  --batch-size 16 --batching continuous --limit "$B16_LIMIT" --methods "$B16" \
-  --json "$OUT/suite_adaptive_b16_continuous.json"
+  --batch-size 16 --batching continuous --interleave step --limit "$B16_LIMIT" \
+  --methods "$B16" --json "$OUT/suite_adaptive_b16_continuous.json"
 for W in 1:3 2:4 3:5 2:6 2:4:4; do  # MIN:MAX[:GAMMA]
   IFS=: read -r LMIN LMAX NG <<< "$W"
   part ngram && bench --prompts humaneval "$CHAT" --temperature 0 --batch-size 1 \

@@ -141,6 +141,61 @@ def test_a_few_lookup_rows_do_not_pay_for_the_cost_of_a_step_with_drafts():
     assert ctrl.plan(16, lookup_rows=16).lookup_gamma > 0
 
 
+def _static_batch_ends(ctrl: AdaptiveDrafting, batches: int = 2) -> None:
+    """Rows of 16-row batches leaving one by one, nothing taking their slots (static
+    batching: some requests end early), then the next batch arriving together."""
+    for _ in range(batches):
+        for left in range(15, 0, -1):
+            ctrl.observe_rows(continuing=left, departed=1, arrived=0)
+        ctrl.observe_rows(continuing=0, departed=1, arrived=16)
+
+
+def test_refills_tell_a_static_batch_from_continuous_batching():
+    from vllm_specdiff.plugin.adaptive import Refills
+
+    served = Refills()
+    for step in range(40):  # a replacement arrives one step after each departure
+        served.add(continuing=15, departed=step % 2, arrived=(step + 1) % 2)
+    assert served.ratio() > 0.9  # the last departure waits for its replacement
+    static = Refills()
+    for left in range(15, 0, -1):
+        static.add(continuing=left, departed=1, arrived=0)
+    assert static.ratio() < 0.1
+    for left in range(15, 0, -1):  # served's queue runs dry: its last requests end apart
+        served.add(continuing=left, departed=1, arrived=0)
+    assert served.ratio() < 0.6  # the end of a workload looks like a static batch ...
+    served.add(continuing=0, departed=1, arrived=16)  # ... until the next one starts
+    assert served.ratio() > 0.9
+    static.add(continuing=0, departed=1, arrived=16)  # a static batch's end stays evidence
+    assert static.ratio() < 0.1
+    together = Refills()  # a batch ending all at once, the next arriving: no row waited
+    together.add(continuing=0, departed=16, arrived=16)
+    together.add(continuing=16, departed=0, arrived=0)
+    assert together.ratio() == 1.0 and together.departed == adaptive_mod.PRIOR_REFILLS
+
+
+def test_unrefilled_slots_make_extra_tokens_worth_the_marginal_cost_of_a_row():
+    """At batch 16 with 100 ms steps and 1.5 ms per token, a token a row gets ahead saves
+    1.5 ms when its slot then stays empty, not the step's 100 / 16 ms: lookup drafts that pay
+    in a served batch (every row matching, 0.7 acceptance) do not pay in a static one."""
+    ctrl = AdaptiveDrafting(GAMMA, lookup=True)
+    _feed_jump(ctrl)
+    assert ctrl.extra_value(16) == 1.0
+    assert ctrl.lookup_length(16) > 0
+    _static_batch_ends(ctrl)
+    slope = ctrl.verifier.coefficients(16)[1]
+    refill = ctrl.refills.ratio()
+    assert refill < 0.1
+    assert ctrl.extra_value(16) == pytest.approx(
+        refill + (1 - refill) * 16 * slope / ctrl.verifier.predict(16, 16))
+    assert ctrl.extra_value(16) < 0.35
+    assert ctrl.lookup_length(16) == 0
+    assert ctrl.extra_value(1) == 1.0  # one row: its tokens end the batch sooner
+    for _ in range(40):  # served again: every departure refilled
+        ctrl.observe_rows(continuing=15, departed=1, arrived=1)
+    assert ctrl.extra_value(16) > 0.9 and ctrl.lookup_length(16) > 0
+
+
 def test_at_batch_above_one_a_draft_must_beat_no_draft_by_the_margin():
     margin = adaptive_mod.DRAFT_MARGIN
     small, large = {0: 100.0, 2: 100.0 * (1 + margin / 2)}, {0: 100.0, 2: 100.0 * (1 + 2 * margin)}
@@ -312,6 +367,98 @@ def test_closed_loop_batch16_stays_near_plain_and_beats_fixed_gamma():
     adaptive = _serve(16, STEEP, 0.25, 400)
     assert adaptive >= 0.97 * plain
     assert adaptive > 1.3 * _serve(16, STEEP, 0.25, 400, fixed=GAMMA)
+
+
+def _static_batches(ctrl: AdaptiveDrafting | None, batches: int = 6, rows: int = 16,
+                    length: int = 64, seed: int = 0, floor_rows: int = 0) -> float:
+    """Simulated seconds of `batches` static batches of `rows` requests of `length` tokens,
+    served by the controller (None: plain decoding). Every other request's context repeats
+    (prompt lookup accepted at 0.9 per position, code), the drafter is accepted at 0.1. A step
+    costs 30 ms + 4.5 ms per row + 2.5 ms per draft token (+ 6 ms with any draft), and a batch
+    lasts until its last request ends."""
+    rng = random.Random(seed)
+    seconds = 0.0
+    for _ in range(batches):
+        left = {i: length for i in range(rows)}
+        arrived, departed, last = rows, 0, None
+        while left:
+            live = sorted(left)
+            lookup = [i % 2 == 0 for i in live]
+            lengths = [0] * len(live)
+            if ctrl is not None:
+                ctrl.observe_rows(len(live) - arrived, departed, arrived)
+                if last is not None:
+                    ctrl.observe_accepted(*last)
+                plan = ctrl.plan(len(live), sum(lookup))
+                lookup_gamma = plan.gamma if plan.lookup_gamma is None else plan.lookup_gamma
+                lengths = [min(lookup_gamma if m else plan.gamma, left[i] - 1)
+                           for i, m in zip(live, lookup, strict=True)]
+                drafter_rows = [j for j, m in enumerate(lookup) if not m]
+                for j in drafter_rows[: plan.probe_rows]:
+                    lengths[j] = min(plan.probe_gamma, left[live[j]] - 1)
+            drafted = sum(lengths)
+            cost = 0.030 + 0.0045 * max(len(live), floor_rows) + 0.0025 * drafted \
+                + (0.006 if drafted else 0.0)
+            drafter_s = sum(n + 2 for n, m in zip(lengths, lookup, strict=True) if n and not m)
+            drafter_s = 0.003 + 0.0003 * drafter_s if drafter_s else 0.0
+            seconds += cost + drafter_s
+            accepted = [_accepted(rng, 0.9 if m else 0.1, n) for n, m in
+                        zip(lengths, lookup, strict=True)]
+            if ctrl is not None:
+                ctrl.observe_verifier(len(live), len(live) + drafted, cost)
+                if drafter_s:
+                    ctrl.observe_drafter(1, drafter_s)
+                else:
+                    ctrl.observe_overhead(1e-4)
+                kept = [j for j, n in enumerate(lengths) if n]
+                last = ([accepted[j] for j in kept], [lengths[j] for j in kept],
+                        [lookup[j] for j in kept])
+            departed, arrived = 0, 0
+            for i, a in zip(live, accepted, strict=True):
+                left[i] -= 1 + a
+                if left[i] <= 0:
+                    del left[i]
+                    departed += 1
+    return seconds
+
+
+def _warm_lookup(ctrl: AdaptiveDrafting) -> AdaptiveDrafting:
+    _feed_lookup(ctrl, alpha=0.9, rows=16)  # lookup drafts already seen accepted (code)
+    return ctrl
+
+
+def test_static_batches_draft_for_a_few_rows_only_where_their_early_end_pays():
+    """Lookup drafts for half the rows make those rows end early while the batch waits for the
+    others. Where the step cost stays up as rows leave (below 12 rows a step costs as much as
+    12: `floor_rows`), pricing their extra tokens as a server would (slots refilled) loses;
+    the measured refill ratio and row cost keep the controller near plain decoding. Where rows
+    leaving does cut the step cost, drafting still pays."""
+    flat_tail = 12
+    plain = _static_batches(None, floor_rows=flat_tail)
+    served = _warm_lookup(AdaptiveDrafting(GAMMA, lookup=True, refill_ratio=1.0))
+    assert _static_batches(served, floor_rows=flat_tail) > 1.05 * plain
+    ctrl = _warm_lookup(AdaptiveDrafting(GAMMA, lookup=True))
+    assert _static_batches(ctrl, floor_rows=flat_tail) < 1.03 * plain
+    assert ctrl.refills.ratio() < 0.1 and ctrl.extra_value(16) < 0.5
+    ctrl = _warm_lookup(AdaptiveDrafting(GAMMA, lookup=True))
+    assert _static_batches(ctrl) < 0.97 * _static_batches(None)
+    assert ctrl.verifier.row_cost(16) == pytest.approx(0.0045)  # the simulated 4.5 ms a row
+
+
+def test_refill_ratio_option_pins_the_controller_and_is_checked(tiny_drafter):
+    from tests.vllm.test_options import _proposer
+
+    assert _proposer(tiny_drafter, 256, refill_ratio=0.25).adaptive.refill_ratio() == 0.25
+    assert _proposer(tiny_drafter, 256).adaptive.pinned_refill is None
+    assert SpecDiffConfig().refill_ratio is None
+    assert parse_specdiff_config({"specdiff": {"refill_ratio": 1}}).refill_ratio == 1.0
+    ctrl = AdaptiveDrafting(GAMMA, lookup=True, refill_ratio=0.5)
+    _static_batch_ends(ctrl)
+    assert ctrl.refill_ratio() == 0.5 and ctrl.refills.ratio() < 0.1
+    for bad in (-0.1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match=r"\['refill_ratio'\] must be null \(measured\) or "
+                                             r"a number in \[0, 1\]"):
+            parse_specdiff_config({"specdiff": {"refill_ratio": bad}})
 
 
 def test_closed_loop_batch1_is_close_to_the_best_fixed_gamma():

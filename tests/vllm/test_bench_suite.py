@@ -221,12 +221,26 @@ def test_a_batch_larger_than_the_set_is_announced(capsys):
     assert "'q'" not in err
 
 
+class _FakeTimer:
+    """A wall clock that only the fake engines move."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
 class _FakeCore:
     """An engine whose request i finishes after `steps[i]` steps with tokens [i] * steps[i];
-    it records how many requests each step ran."""
+    each step takes `step_s` seconds of `timer` and is logged (with its request count) into
+    `log` under `name`."""
 
-    def __init__(self, steps: list[int]) -> None:
+    def __init__(self, steps: list[int], timer: _FakeTimer | None = None, step_s: float = 1.0,
+                 name: str = "a", log: list | None = None) -> None:
         self.steps, self.live, self.batches = steps, {}, []
+        self.timer, self.step_s, self.name = timer, step_s, name
+        self.log = [] if log is None else log
 
     def add_request(self, request_id, prompt, params):
         index = prompt["prompt_token_ids"][0]
@@ -238,7 +252,10 @@ class _FakeCore:
     def step(self):
         from types import SimpleNamespace
 
+        if self.timer is not None:
+            self.timer.t += self.step_s
         self.batches.append(len(self.live))
+        self.log.append(self.name)
         outs = []
         for request_id, state in list(self.live.items()):
             state[1] += 1
@@ -254,7 +271,10 @@ class _FakeEngine:
     def __init__(self, core: _FakeCore) -> None:
         from types import SimpleNamespace
 
+        from vllm_specdiff.bench.suite import EngineClock
+
         self.llm = SimpleNamespace(llm_engine=core)
+        self.clock = EngineClock(core.timer or _FakeTimer())
 
     def snapshot(self):
         from vllm_specdiff.bench.suite import ProposerCounts
@@ -264,19 +284,117 @@ class _FakeEngine:
             ProposerCounts()
 
 
+def _lane(core: _FakeCore, concurrency: int, static: bool = False):
+    from vllm_specdiff.bench.suite import Lane
+
+    n = len(core.steps)
+    return Lane(_FakeEngine(core), [[i] for i in range(n)], [None] * n, concurrency, static)
+
+
 @pytest.mark.vllm
 def test_continuous_batching_refills_each_finished_slot_before_the_next_step():
-    from vllm_specdiff.bench.suite import run_stream
+    from vllm_specdiff.bench.suite import run_lanes
 
     steps = [3, 1, 1, 2, 1]
-    core = _FakeCore(steps)
+    core = _FakeCore(steps, _FakeTimer())
+    lane = _lane(core, 2)
+    run_lanes([lane], "pass")
     run = Run()
-    run_stream(_FakeEngine(core), [[i] for i in range(5)], [None] * 5, 2, run)
+    lane.finish(run)
     # 2 in flight throughout: 1 ends at step 1 and 2 takes its slot, 2 ends at step 2 and 3
     # takes it, 0 ends at step 3 and 4 takes it; batches of 2 would need 3 + 2 + 1 steps
     assert core.batches == [2, 2, 2, 2]
     assert run.outputs == [[i] * n for i, n in enumerate(steps)]
-    assert run.new_tokens == steps and len(run.per_request_tps) == 5 and run.seconds > 0
+    assert run.new_tokens == steps and run.seconds == 4.0
+    # each request's own latency in steps: 0: 3, 1: 1, 2: 1 (steps 2), 3: 2 (3-4), 4: 1 (4)
+    assert run.per_request_tps == [(n - 1) / s for n, s in zip(steps, [3, 1, 1, 2, 1],
+                                                                strict=True)]
+
+
+@pytest.mark.vllm
+def test_step_interleaving_alternates_engines_and_times_each_on_its_own_steps():
+    from vllm_specdiff.bench.suite import run_lanes
+
+    timer, log = _FakeTimer(), []
+    fast = _FakeCore([2, 2], timer, step_s=1.0, name="fast", log=log)
+    slow = _FakeCore([4, 1], timer, step_s=5.0, name="slow", log=log)
+    lanes = [_lane(fast, 2, static=True), _lane(slow, 2, static=True)]
+    run_lanes(lanes, "step")
+    assert log == ["fast", "slow", "fast", "slow", "slow", "slow"]
+    runs = [Run(), Run()]
+    for lane, run in zip(lanes, runs, strict=True):
+        lane.finish(run)
+    # each pass counts only its own engine's steps, though the two ran side by side
+    assert [r.seconds for r in runs] == [2.0, 20.0]
+    # static: every request's throughput is over its whole batch, as one generate call
+    assert runs[1].per_request_tps == [3 / 20.0, 0.0]
+    with pytest.raises(ValueError, match="interleave must be one of"):
+        run_lanes(lanes, "token")
+
+
+def test_engine_clock_runs_only_during_its_engine_calls():
+    from vllm_specdiff.bench.suite import EngineClock
+
+    timer = _FakeTimer()
+    clock = EngineClock(timer)
+    timer.t = 10.0  # another engine's step: this clock stands still
+    assert clock.now() == 0.0
+
+    def work():
+        timer.t += 2.0
+        assert clock.now() == 2.0  # what the proposer reads during the step
+        return "out"
+
+    assert clock.run(work) == "out"
+    timer.t += 7.0
+    assert clock.now() == 2.0 and clock.seconds == 2.0
+
+
+def test_the_specdiff_proposer_in_process_reads_its_engines_clock():
+    from types import SimpleNamespace
+
+    from vllm_specdiff.bench.suite import Engine
+
+    proposer = SimpleNamespace(clock=None)
+    runner = SimpleNamespace(drafter=proposer)
+    executor = SimpleNamespace(driver_worker=SimpleNamespace(
+        worker=SimpleNamespace(model_runner=runner)))
+    core = SimpleNamespace(model_executor=executor,
+                           logger_manager=SimpleNamespace(record=lambda *a, **k: None))
+    engine = Engine.of(SimpleNamespace(llm_engine=core))
+    assert proposer.clock == engine.clock.now
+    # a proposer without a clock (vLLM's ngram) and no in-process worker are left alone
+    runner.drafter = SimpleNamespace()
+    assert not hasattr(Engine.of(SimpleNamespace(llm_engine=core)).llm.llm_engine
+                       .model_executor.driver_worker.worker.model_runner.drafter, "clock")
+    Engine.of(SimpleNamespace(llm_engine=SimpleNamespace(logger_manager=core.logger_manager)))
+
+
+def _quick_bench(out: Path, prompts: Path, verifier: Path, drafter: Path, *options: str
+                 ) -> dict:
+    """`vllm-specdiff bench --quick` on the tiny models (3 prompts x 8 tokens at batch 2),
+    from outside the checkout, writing `out`; its JSON result."""
+    cmd = [str(Path(sys.executable).with_name("vllm-specdiff")), "--no-speed-env", "bench",
+           "--quick", "--prompts", str(prompts), "--limit", "3", "--batch-size", "2",
+           "--max-tokens", "8", "--gamma", str(GAMMA), "--model", str(verifier),
+           "--drafter", str(drafter), "--max-model-len", "256", "--json", str(out), *options]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd="/")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.vllm
+def test_step_interleaved_suite_keeps_outputs_identical_and_says_so(
+        tmp_path, word_prompts, tiny_verifier, tiny_drafter):
+    out = tmp_path / "suite.json"
+    result = _quick_bench(out, word_prompts, tiny_verifier, tiny_drafter, "--methods",
+                          "plain,specdiff2,specdiff2:adaptive=false", "--interleave", "step")
+    assert result["suite"]["interleave"] == "step"
+    assert [(c["method"], c["interleave"], c["identical_to_plain"]) for c in result["cells"]] \
+        == [(m, "step", True) for m in ("plain", "specdiff2", "specdiff2:adaptive=false")]
+    assert all(c["new_tokens"] == 3 * 8 and c["tokens_per_s"] > 0 for c in result["cells"])
+    assert result["cells"][2]["drafts"]  # fixed gamma drafted on every decode step
+    assert "interleaved step by step" in out.with_suffix(".md").read_text()
 
 
 def test_passes_are_batches_of_b_or_the_whole_set():
@@ -292,14 +410,8 @@ def test_passes_are_batches_of_b_or_the_whole_set():
 def test_continuous_suite_keeps_outputs_identical_and_says_how_it_batched(
         tmp_path, word_prompts, tiny_verifier, tiny_drafter):
     out = tmp_path / "suite.json"
-    cmd = [str(Path(sys.executable).with_name("vllm-specdiff")), "--no-speed-env", "bench",
-           "--quick", "--prompts", str(word_prompts), "--limit", "3", "--methods",
-           "plain,specdiff2", "--batch-size", "2", "--batching", "continuous",
-           "--max-tokens", "8", "--gamma", str(GAMMA), "--model", str(tiny_verifier),
-           "--drafter", str(tiny_drafter), "--max-model-len", "256", "--json", str(out)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd="/")
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = _quick_bench(out, word_prompts, tiny_verifier, tiny_drafter, "--methods",
+                          "plain,specdiff2", "--batching", "continuous")
     assert result["suite"]["batching"] == "continuous"
     assert [(c["method"], c["batching"], c["identical_to_plain"]) for c in result["cells"]] == \
         [("plain", "continuous", True), ("specdiff2", "continuous", True)]

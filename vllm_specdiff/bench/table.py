@@ -45,5 +45,7 @@ def markdown(result: dict[str, Any]) -> str:
     suite = result["suite"]
     note = (f"{prov.get('date', '?')}, {prov.get('machine', {}).get('cpu', '?')}; "
             f"max_tokens {suite['max_tokens']}, median of {suite['repeats']} repeat(s); "
-            f"speedup against plain decoding in the same run")
+            f"speedup against plain decoding in the same run"
+            + ("; methods interleaved step by step" if suite.get("interleave") == "step"
+               else ""))
     return "\n".join([HEADER, *(row(c) for c in result["cells"]), "", note, ""])

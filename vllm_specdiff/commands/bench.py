@@ -111,7 +111,7 @@ def run(args: argparse.Namespace) -> int:
 def add_suite_args(p: argparse.ArgumentParser) -> None:
     """The suite's options; defaults of the full run, or of `--quick` (QUICK) when given."""
     from vllm_specdiff.bench.runner import FULL, QUICK
-    from vllm_specdiff.bench.suite import BATCHING
+    from vllm_specdiff.bench.suite import BATCHING, INTERLEAVE
 
     def default(key: str) -> str:
         return f"full run: {FULL[key]}; --quick: {QUICK[key]}"
@@ -135,6 +135,11 @@ def add_suite_args(p: argparse.ArgumentParser) -> None:
                         "its slowest request; continuous: the whole set with B requests in "
                         "flight, a finished request's slot going to the next prompt (a server "
                         f"under B concurrent clients) ({default('batching')})")
+    g.add_argument("--interleave", choices=INTERLEAVE, default=None,
+                   help="how the methods share a pass: pass: each decodes it in turn; step: "
+                        "one engine step of each in turn, each method timed on its own "
+                        "engine's steps, so a change in the machine's speed hits all alike "
+                        f"(tighter ratios on a noisy machine) ({default('interleave')})")
     g.add_argument("--max-tokens", type=int, default=None,
                    help=f"new tokens per request ({default('max_tokens')})")
     g.add_argument("--repeats", type=int, default=None,

@@ -24,6 +24,15 @@ B * E(g) / cost(g) with E(g) = 1 + sum_{j<=g} prod_{i<=j} alpha_i and
 cost(g) = verifier(B + B * g) + drafter (only if g > 0). g = 0 means the drafter is not called.
 At B > 1 a step with drafts must beat one without by DRAFT_MARGIN: tokens accepted for some rows
 make the rows finish apart, which costs time outside the steps this model prices.
+A committed token beyond a row's first is worth the step's average cost per token only when
+the row's slot goes on to serve someone: in continuous batching with a queue (a server) a row
+that finishes early makes room for the next request. When nothing takes the slot (a static
+batch waiting for its slowest row, the end of an offline job) it saves only that row's own
+part of the later steps: the verifier's marginal cost of a row (`VerifierCost.row_cost`, the
+slope of the draft-free step cost in batch size; ~5 ms at batch 16 here against ~7 ms of the
+step's average). `Refills` measures which case holds: how many requests arrive while others
+keep decoding, per request that left meanwhile. The extra tokens are weighted by
+refill + (1 - refill) * marginal / average (`extra_value`; the `refill_ratio` option pins it).
 A probe step now and then keeps every estimate measured: when g < gamma, one row drafts the full
 gamma (acceptance of every position, a second token count for the verifier line, the drafter's
 cost); when g = gamma, one step drafts nothing (the verifier's cost without drafts). With one
@@ -78,6 +87,11 @@ MAX_POINTS = 1024
 # benchmarks/results/2026-12-02/step_trace/): without a margin the prefills took 63 steps and
 # 14.9 s against plain decoding's 13 steps and 10.3 s; with this margin 17 steps and 10.3 s.
 DRAFT_MARGIN = 0.1
+# Refill evidence forgets this much per step that saw requests leave or arrive while others
+# kept decoding (memory ~20 such steps), from a prior of one refilled departure: a fresh engine
+# values tokens as a server would until rows are seen to leave without replacements.
+REFILL_FORGET = 0.95
+PRIOR_REFILLS = 1.0
 
 
 @dataclass
@@ -214,6 +228,24 @@ class VerifierCost:
         b = coef[1] if coef is not None else (my / mx if mx > 0 else 0.0)
         return my - b * mx, b
 
+    def row_cost(self, rows: int) -> float | None:
+        """The verifier's marginal cost of one more row near this batch size, without drafts:
+        the weighted least-squares slope of the draft-free steps' mean costs against their
+        batch size, over sizes rows / 2 .. 2 * rows (None with fewer than two sizes)."""
+        data = []
+        for r in range(max(rows // 2, 1), 2 * rows + 1):
+            point = self.points.get((r, r))
+            w = 0.0 if point is None else point.weight(self.observations[rows_bucket(r)])
+            if point is not None and w > 0:
+                data.append((r, point.mean, w))
+        if len({r for r, _, _ in data}) < 2:
+            return None
+        s0 = sum(w for _, _, w in data)
+        mx = sum(w * r for r, _, w in data) / s0
+        my = sum(w * y for _, y, w in data) / s0
+        var = sum(w * (r - mx) ** 2 for r, _, w in data)
+        return max(sum(w * (r - mx) * (y - my) for r, y, w in data) / var, 0.0)
+
     def predict(self, rows: int, tokens: float) -> float | None:
         """The mean measured at exactly (rows, tokens) when it has POINT_WEIGHT observations,
         else the line."""
@@ -270,6 +302,47 @@ class Acceptance:
                 for a, r in zip(self.accepted, self.reached, strict=True)]
 
 
+@dataclass
+class Refills:
+    """Requests that arrived while others kept decoding, per request that left meanwhile,
+    forgetting old steps: ~1 under continuous batching with a queue, 0 in a static batch.
+
+    An arrival counts against the departures of its step and the step before (the
+    replacement's prefill may come a step after the slot freed). Steps where no row continues
+    (the rows ended together; the next batch starts) are no evidence: no row waited for
+    another. They end an epoch; when that epoch refilled slots, the departures after its last
+    refill were the end of the workload (a job's last requests, a server going idle), not a
+    static batch, and are taken back.
+    """
+
+    departed: float = PRIOR_REFILLS
+    refilled: float = PRIOR_REFILLS
+    _last_departed: int = 0
+    _epoch_refills: float = 0.0
+    _tail: float = 0.0  # departures since the epoch's last refill, as counted (forgetting)
+
+    def add(self, continuing: int, departed: int, arrived: int) -> None:
+        if continuing == 0:
+            if self._epoch_refills > 0:
+                self.departed = max(self.departed - self._tail, self.refilled)
+            self._epoch_refills = self._tail = 0.0
+            self._last_departed = departed
+            return
+        if departed == 0 and arrived == 0:
+            self._last_departed = 0
+            return
+        f = REFILL_FORGET
+        matched = min(arrived, departed + self._last_departed)
+        self.departed = f * self.departed + departed
+        self.refilled = f * self.refilled + matched
+        self._epoch_refills += matched
+        self._tail = 0.0 if matched else f * self._tail + departed
+        self._last_departed = departed
+
+    def ratio(self) -> float:
+        return min(self.refilled / self.departed, 1.0) if self.departed > 0 else 1.0
+
+
 def choose(rates: dict[int, float], rows: int, margin: float = DRAFT_MARGIN,
            has_drafts: bool = False) -> int:
     """The g with the highest rate (ties: the shorter draft); at batch > 1 a draft only if it
@@ -313,19 +386,22 @@ class AdaptiveDrafting:
     (K = 1 with the "ngram" candidate); those drafts cost no drafter call and are accepted at
     their own rates, so they get their own acceptance estimate and length (`lookup_length`).
     `margin`: what a step with drafts must gain over one without at batch > 1 (`choose`).
+    `refill_ratio`: pins the refill ratio (`extra_value`) instead of measuring it.
     """
 
     def __init__(self, gamma: int, full_tokens: float | None = None,
                  chain_choices: bool = True, lookup: bool = False,
-                 margin: float = DRAFT_MARGIN) -> None:
+                 margin: float = DRAFT_MARGIN, refill_ratio: float | None = None) -> None:
         self.gamma = gamma
         self.margin = margin
+        self.pinned_refill = refill_ratio  # None: measured (`Refills`)
         self.full_tokens = float(gamma if full_tokens is None else full_tokens)
         self.choices = list(range(gamma + 1)) if chain_choices else [0, gamma]
         self.verifier = VerifierCost(min_spread=0.25 * gamma * gamma)
         self.drafter = ForgettingLine()
         self.acceptance = Acceptance(gamma)
         self.lookup_acceptance = Acceptance(gamma) if lookup else None
+        self.refills = Refills()
         self.overhead = 0.0  # seconds of a proposer call that does not run the drafter
         self.steps = 0
         self.probes_done = 0
@@ -379,6 +455,11 @@ class AdaptiveDrafting:
         """Mean verifier tokens per row of this step's full drafts (trie sizes for K > 1)."""
         self.full_tokens = 0.9 * self.full_tokens + 0.1 * tokens
 
+    def observe_rows(self, continuing: int, departed: int, arrived: int) -> None:
+        """One step's rows: `continuing` decoded on from the last step, `departed` left since
+        (finished or preempted), `arrived` are new (their prefill just ran)."""
+        self.refills.add(continuing, departed, arrived)
+
     @staticmethod
     def _clipped(line: ForgettingLine, x: float, y: float) -> float:
         predicted = line.predict(x) if line.weight >= 5 else None
@@ -406,15 +487,41 @@ class AdaptiveDrafting:
         its 1 + accepted new tokens plus the draft (None: not measured yet)."""
         return self.drafter.predict(rows * (expected_tokens(alphas, g) + g))
 
+    def extra_value(self, rows: int) -> float:
+        """What a committed token beyond a row's first is worth, as a share of the step's
+        average token (see the module docstring): refill + (1 - refill) * the verifier's
+        marginal cost of a row over its average. 1 at one row (its tokens end the batch
+        sooner) or before the verifier is measured."""
+        refill = self.refill_ratio()
+        if rows <= 1 or refill >= 1.0:
+            return 1.0
+        plain = self.verifier.predict(rows, rows)
+        row = self.verifier.row_cost(rows)
+        if row is None:  # one batch size measured: a row costs at least a draft token
+            coef = self.verifier.coefficients(rows)
+            row = None if coef is None else coef[1]
+        if row is None or plain is None:
+            return 1.0
+        return refill + (1.0 - refill) * min(rows * row / plain, 1.0)
+
+    def refill_ratio(self) -> float:
+        return self.refills.ratio() if self.pinned_refill is None else self.pinned_refill
+
+    def value(self, tokens: float, rows: int, worth: float) -> float:
+        """Committed `tokens` of `rows` rows, the ones beyond each row's first at `worth`."""
+        return rows + worth * (tokens - rows)
+
     def rates(self, rows: int) -> dict[int, float]:
-        """Expected committed tokens per second for each allowed g (empty before any data)."""
+        """Expected committed tokens per second for each allowed g, the extra ones at their
+        `extra_value` (empty before any data)."""
         alphas = self.acceptance.alphas()
+        worth = self.extra_value(rows)
         out = {}
         for g in self.choices:
             cost = self.step_cost(rows, g, alphas)
             if cost is None:
                 return {}
-            out[g] = rows * expected_tokens(alphas, g) / cost
+            out[g] = self.value(rows * expected_tokens(alphas, g), rows, worth) / cost
         return out
 
     def best(self, rows: int) -> tuple[int, dict[int, float]]:
@@ -466,7 +573,8 @@ class AdaptiveDrafting:
         drafter_alphas = self.acceptance.alphas()
         # the drafter rows' part of the step is the same for every lookup length
         base_tokens = rows + others * (self.draft_tokens(drafter_gamma) if drafter_gamma else 0)
-        base_gain = rows + others * (expected_tokens(drafter_alphas, drafter_gamma) - 1.0)
+        worth = self.extra_value(rows)
+        base_gain = rows + worth * others * (expected_tokens(drafter_alphas, drafter_gamma) - 1.0)
         base_cost = self.overhead
         if drafter_gamma and others:
             base_cost += self.drafter_cost(others, drafter_gamma, drafter_alphas) or 0.0
@@ -475,7 +583,7 @@ class AdaptiveDrafting:
             verify = self.verifier.predict(rows, base_tokens + matched * g)
             if verify is None:
                 return self.gamma
-            gain = base_gain + matched * (expected_tokens(alphas, g) - 1.0)
+            gain = base_gain + worth * matched * (expected_tokens(alphas, g) - 1.0)
             rates[g] = gain / (verify + base_cost)
         return choose(rates, rows, self.margin, has_drafts=bool(drafter_gamma and others))
 
@@ -511,7 +619,8 @@ class AdaptiveDrafting:
         if plan.probe_rows == 0:  # every row drafts plan.gamma (0: a step without drafts)
             cost = self.step_cost(rows, plan.gamma, alphas)
             return None if cost is None or not math.isfinite(cost) else \
-                cost - rows * expected_tokens(alphas, plan.gamma) / rates[g]
+                cost - self.value(rows * expected_tokens(alphas, plan.gamma), rows,
+                                  self.extra_value(rows)) / rates[g]
         others = rows - plan.probe_rows
         verify = self.verifier.predict(rows, others * (1.0 + self.draft_tokens(g))
                                        + plan.probe_rows * (1.0 + self.full_tokens))
@@ -525,7 +634,8 @@ class AdaptiveDrafting:
             return None
         tokens = others * expected_tokens(alphas, g) \
             + plan.probe_rows * expected_tokens(alphas, self.gamma)
-        return verify + draft + self.overhead - tokens / rates[g]
+        worth = self.value(tokens, rows, self.extra_value(rows))
+        return verify + draft + self.overhead - worth / rates[g]
 
     # ---- reporting ------------------------------------------------------------------------------
     def summary(self) -> str:
@@ -540,7 +650,8 @@ class AdaptiveDrafting:
         line = (f"gamma histogram {self.histogram} (last {self.last_gamma}), "
                 f"{self.no_draft_steps} of {sum(self.histogram)} steps without draft, "
                 f"{self.probe_steps} probes (every {self.probe_interval}), {fit}, "
-                f"acceptance [{alphas}]")
+                f"acceptance [{alphas}], refill {self.refill_ratio():.2f} (extra tokens "
+                f"worth {self.extra_value(self.last_rows):.2f})")
         if self.lookup_acceptance is not None:
             lookup = ", ".join(f"{a:.2f}" for a in self.lookup_acceptance.alphas())
             line += f"; lookup gamma histogram {self.lookup_histogram}, acceptance [{lookup}]"
@@ -563,6 +674,8 @@ class AdaptiveDrafting:
             "drafter_ms": None if da is None else
             {"intercept": 1000.0 * da[0], "per_token": 1000.0 * da[1]},
             "acceptance_estimate": self.acceptance.alphas(),
+            "refill_ratio": self.refill_ratio(),
+            "extra_token_value": self.extra_value(self.last_rows),
             "full_draft_tokens": self.full_tokens,
             "lookup_gamma_histogram": None if self.lookup_acceptance is None else
             list(self.lookup_histogram),

@@ -97,6 +97,9 @@ class SpecDiffConfig:
       acceptance (`plugin/adaptive.py`); False drafts num_speculative_tokens every step.
     draft_margin: with adaptive, at batch > 1 a step drafts only if it promises this fraction
       more committed tokens per second than a step without drafts (`adaptive.DRAFT_MARGIN`).
+    refill_ratio: with adaptive, the share of requests that leave a batch early whose slot
+      serves another request (`adaptive.Refills`): None measures it while serving; 1 values
+      every committed token as a server with a queue does, 0 as a static batch does.
     datastore: a retrieval datastore file (`specdiff-distill datastore`): with K = 1 and
       "ngram", a row whose context has no prompt-lookup match drafts what followed the
       context's suffix in the verifier's own earlier continuations (`core.datastore`), as a
@@ -120,6 +123,7 @@ class SpecDiffConfig:
     quantize: str = "auto"
     adaptive: bool = True
     draft_margin: float = DRAFT_MARGIN
+    refill_ratio: float | None = None
     datastore: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -146,6 +150,17 @@ def _number(name: str, value: Any, minimum: float) -> float:  # noqa: ANN401
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
             or value < minimum:
         raise ValueError(f"{_opt(name)} must be a finite number >= {minimum}, got {value!r}")
+    return float(value)
+
+
+def _ratio(name: str, value: Any) -> float | None:  # noqa: ANN401
+    """None, or a number in [0, 1]."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) \
+            or not 0.0 <= value <= 1.0:
+        raise ValueError(f"{_opt(name)} must be null (measured) or a number in [0, 1], "
+                         f"got {value!r}")
     return float(value)
 
 
@@ -338,5 +353,6 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
         quantize=_choice("quantize", get("quantize", defaults.quantize), QUANTIZE_MODES),
         adaptive=_bool("adaptive", get("adaptive", defaults.adaptive)),
         draft_margin=_number("draft_margin", get("draft_margin", defaults.draft_margin), 0.0),
+        refill_ratio=_ratio("refill_ratio", get("refill_ratio", defaults.refill_ratio)),
         datastore=_datastore(get("datastore", defaults.datastore), tree),
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -129,12 +130,17 @@ class SpecDiffProposer:
         # n > 1, each keep theirs)
         self._pending: dict[tuple[int, bytes], list[_Pending]] = {}
         self._last_end: float | None = None  # end of the last propose call (verifier timing)
+        # The clock the cost model reads (seconds). A bench that steps several engines in turn
+        # gives each proposer one that stands still while the other engines step, so the
+        # verifier time it infers between two calls is its own engine's.
+        self.clock: Callable[[], float] = time.perf_counter
         self.adaptive = AdaptiveDrafting(
             self.gamma,
             full_tokens=self.gamma if self.config.K == 1 else self.config.max_tree_tokens - 1,
             chain_choices=self.config.K == 1,
             lookup=self.lookup_enabled,
-            margin=self.config.draft_margin) if self.config.adaptive else None
+            margin=self.config.draft_margin,
+            refill_ratio=self.config.refill_ratio) if self.config.adaptive else None
         self._lock = threading.Lock()
         self._last_log = time.monotonic()
         self._logged = (0, 0.0, 0)
@@ -230,13 +236,14 @@ class SpecDiffProposer:
         """
         if self.drafter is None:
             raise RuntimeError("SpecDiffProposer.propose called before load_model")
-        start = time.perf_counter()
+        start = self.clock()
         num_rows = len(sampled_token_ids)
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         self.last_tries = [None] * num_rows
         decoded: list[_Row] = []
         accepted, depths, from_lookup = [], [], []
         verified: int | None = 0  # verifier tokens of this step; None: it also prefilled
+        arrived = 0  # rows that are new this step
         for i, sampled in enumerate(sampled_token_ids):
             if not sampled:
                 verified = None  # partial prefill chunk or discarded request: nothing to extend
@@ -247,6 +254,7 @@ class SpecDiffProposer:
             prev = same.pop() if same else None
             if prev is None:
                 verified = None  # a new or resumed request: this step ran its prefill
+                arrived += 1
             else:
                 verified = None if verified is None else verified + 1 + prev.tokens
                 if prev.depth:
@@ -256,7 +264,10 @@ class SpecDiffProposer:
             room = min(self.gamma, self.max_model_len - n, self.drafter.draft_room(n))
             decoded.append(_Row(i, torch.from_numpy(np.asarray(context, dtype=np.int64)),
                                 max(room, 0), 0 if prev is None else prev.drafted_upto))
+        departed = sum(len(left) for left in self._pending.values())
         self._pending.clear()  # rows not seen this step finished or were preempted
+        if self.adaptive is not None:
+            self.adaptive.observe_rows(len(decoded) - arrived, departed, arrived)
         self._record_accepted(accepted, depths, from_lookup)
         found, retrieved = self._lookups(decoded)
         lengths = self._draft_lengths(decoded, start, verified, found)
@@ -288,7 +299,7 @@ class SpecDiffProposer:
                 depth, len(drafts[row.index]),
                 n if row.index in drafter_rows else row.drafted_upto,
                 lookup=row.index in by_lookup))
-        elapsed = time.perf_counter() - start
+        elapsed = self.clock() - start
         self._observe_call(encoded, elapsed)
         with self._lock:
             self.propose_calls += 1
@@ -376,7 +387,7 @@ class SpecDiffProposer:
                 self.adaptive.observe_drafter(encoded, elapsed)
             else:
                 self.adaptive.observe_overhead(elapsed)
-        self._last_end = time.perf_counter()
+        self._last_end = self.clock()
 
     def _record_accepted(self, accepted: list[int], depths: list[int],
                          from_lookup: list[bool]) -> None:
