@@ -9,7 +9,8 @@ is the time from its `Scheduler.schedule` call to the next one of the same engin
 sampling, the proposer and the output processing between). Kinds: "prefill" (a step that
 schedules a new request or more tokens than its rows and drafts: a prompt, or a chunk of it),
 "drafts" (decode steps verifying draft tokens), "decode" (decode steps without drafts). Gaps
-of over 2 s (between the bench's passes) are not steps. The suite's own result goes to
+of over 2 s (between the bench's passes) are not steps; `--interleave step` is refused (each
+step would include the other engines'). The suite's own result goes to
 OUT's stem + `_bench.json`, so speedups and step totals come from the same run.
 """
 
@@ -89,6 +90,16 @@ def trace(bench_argv: list[str]) -> tuple[int, dict[str, list[dict[str, Any]]]]:
     return rc, {labels[k]: v for k, v in steps.items() if k in labels}
 
 
+def interleave_option(bench_argv: list[str]) -> str | None:
+    """The bench's `--interleave` value (either spelling), None when not given."""
+    for i, arg in enumerate(bench_argv):
+        if arg.startswith("--interleave="):
+            return arg.split("=", 1)[1]
+        if arg == "--interleave" and i + 1 < len(bench_argv):
+            return bench_argv[i + 1]
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -101,6 +112,10 @@ def main(argv: list[str] | None = None) -> int:
     bench_argv = args.bench[1:] if args.bench[:1] == ["--"] else args.bench
     if "--json" in bench_argv:
         parser.error("the bench's --json is OUT's stem + _bench.json; do not pass it")
+    if interleave_option(bench_argv) == "step":
+        parser.error("a step is timed to its engine's next schedule call, which with "
+                     "--interleave step comes after the other engines' steps: use the default "
+                     "--interleave pass")
     if not args.no_speed_env:
         from vllm_specdiff.plugin import cpu_env
 

@@ -22,3 +22,16 @@ def test_each_step_is_timed_to_the_next_and_long_gaps_are_not_steps():
                              "mean_rows": 16.0, "mean_draft_tokens": 0.0}
     assert out["drafts"]["steps"] == 1 and out["drafts"]["mean_ms"] == 250.0
     assert out["prefill"]["seconds"] == 0.65 and out["prefill"]["mean_tokens"] == 300.0
+
+
+def test_step_interleaved_bench_runs_are_refused(tmp_path, capsys):
+    import pytest
+
+    from vllm_specdiff_benchmarks.step_trace import interleave_option, main
+
+    with pytest.raises(SystemExit):
+        main(["--out", str(tmp_path / "t.json"), "--no-speed-env", "--", "--interleave", "step"])
+    assert "use the default --interleave pass" in capsys.readouterr().err
+    assert interleave_option(["--limit", "4", "--interleave=step"]) == "step"
+    assert interleave_option(["--interleave", "pass"]) == "pass"
+    assert interleave_option(["--batching", "continuous"]) is None
