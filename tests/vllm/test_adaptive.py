@@ -25,6 +25,7 @@ from vllm_specdiff.plugin.adaptive import (
     AdaptiveDrafting,
     ForgettingLine,
     Plan,
+    TailCredit,
     choose,
     expected_tokens,
 )
@@ -174,26 +175,49 @@ def test_refills_tell_a_static_batch_from_continuous_batching():
     assert together.ratio() == 1.0 and together.departed == adaptive_mod.PRIOR_REFILLS
 
 
-def test_unrefilled_slots_make_extra_tokens_worth_the_marginal_cost_of_a_row():
-    """At batch 16 with 100 ms steps and 1.5 ms per token, a token a row gets ahead saves
-    1.5 ms when its slot then stays empty, not the step's 100 / 16 ms: lookup drafts that pay
-    in a served batch (every row matching, 0.7 acceptance) do not pay in a static one."""
+def test_tail_credit_counts_the_rows_at_the_back_of_the_batch():
+    credit = TailCredit.of([10, 14, 18, 30], [True, False, True, False], slack=8)
+    # 18 and 30 are a full draft ahead of the back (10); 14 half of one
+    assert credit == TailCredit(matched=1.0, others=0.5, back_matched=1, back_others=0)
+    assert credit.share(2.0, 0.0, rows=4, matched=2) == 0.5  # the back row drafts: half counts
+    together = TailCredit.of([5] * 4, [True] * 3 + [False], slack=8)
+    assert together == TailCredit.together(4, 3)
+    assert together.share(2.0, 0.0, rows=4, matched=3) == 0.0  # one back row gains nothing
+    assert together.share(2.0, 1.0, rows=4, matched=3) == 1.0  # every row drafts
+    assert TailCredit.of([], [], slack=8) == TailCredit(0.0, 0.0, 0, 0)
+
+
+def test_unrefilled_slots_make_tokens_of_rows_ahead_worth_the_marginal_cost_of_a_row():
+    """At batch 16 with 100 ms steps and 1.5 ms per token, a token of a row already ahead of
+    the batch's last row saves 1.5 ms when slots stay empty, not the step's 100 / 16 ms: lookup
+    drafts for rows ahead that pay in a served batch do not pay in a static one, while drafts
+    for every row, which keep the batch together, still do (the whole batch ends sooner)."""
     ctrl = AdaptiveDrafting(GAMMA, lookup=True)
     _feed_jump(ctrl)
-    assert ctrl.extra_value(16) == 1.0
-    assert ctrl.lookup_length(16) > 0
+    ahead = TailCredit.of([GAMMA] * 15 + [0], [True] * 15 + [False], slack=GAMMA)
+    assert ahead == TailCredit(matched=0.0, others=1.0, back_matched=0, back_others=1)
+    assert ctrl.extra_value(16, credited=0.0) == 1.0  # the prior: slots refilled
+    assert ctrl.lookup_length(16, lookup_rows=15, credit=ahead) > 0
     _static_batch_ends(ctrl)
     slope = ctrl.verifier.coefficients(16)[1]
     refill = ctrl.refills.ratio()
+    rho = 16 * slope / ctrl.verifier.predict(16, 16)
     assert refill < 0.1
-    assert ctrl.extra_value(16) == pytest.approx(
-        refill + (1 - refill) * 16 * slope / ctrl.verifier.predict(16, 16))
-    assert ctrl.extra_value(16) < 0.35
-    assert ctrl.lookup_length(16) == 0
-    assert ctrl.extra_value(1) == 1.0  # one row: its tokens end the batch sooner
+    assert ctrl.extra_value(16, credited=0.0) == pytest.approx(refill + (1 - refill) * rho)
+    assert ctrl.extra_value(16, credited=0.5) == pytest.approx(
+        refill + (1 - refill) * (rho + (1 - rho) * 0.5))
+    assert ctrl.extra_value(16, credited=0.0) < 0.35
+    assert ctrl.lookup_length(16, lookup_rows=15, credit=ahead) == 0
+    assert ctrl.plan(16, lookup_rows=15, credit=ahead).lookup_gamma == 0
+    assert ctrl.stats()["credited_share"] == pytest.approx(1 / 16)
+    assert ctrl.lookup_length(16) > 0  # every row matching, together
+    # together, but one row at the back without a match: the batch's end does not move
+    assert ctrl.lookup_length(16, lookup_rows=15, credit=TailCredit.together(16, 15)) == 0
+    assert ctrl.extra_value(1, credited=0.0) == 1.0  # one row: its tokens end the batch sooner
     for _ in range(40):  # served again: every departure refilled
         ctrl.observe_rows(continuing=15, departed=1, arrived=1)
-    assert ctrl.extra_value(16) > 0.9 and ctrl.lookup_length(16) > 0
+    assert ctrl.extra_value(16, credited=0.0) > 0.9
+    assert ctrl.lookup_length(16, lookup_rows=15, credit=ahead) > 0
 
 
 def test_at_batch_above_one_a_draft_must_beat_no_draft_by_the_margin():
@@ -370,12 +394,16 @@ def test_closed_loop_batch16_stays_near_plain_and_beats_fixed_gamma():
 
 
 def _static_batches(ctrl: AdaptiveDrafting | None, batches: int = 6, rows: int = 16,
-                    length: int = 64, seed: int = 0, floor_rows: int = 0) -> float:
+                    length: int = 64, seed: int = 0, floor_rows: int = 0, lookup_every: int = 2,
+                    row_s: float = 0.0045, token_s: float = 0.0025, credit: bool = True
+                    ) -> float:
     """Simulated seconds of `batches` static batches of `rows` requests of `length` tokens,
-    served by the controller (None: plain decoding). Every other request's context repeats
-    (prompt lookup accepted at 0.9 per position, code), the drafter is accepted at 0.1. A step
-    costs 30 ms + 4.5 ms per row + 2.5 ms per draft token (+ 6 ms with any draft), and a batch
-    lasts until its last request ends."""
+    served by the controller (None: plain decoding). Every `lookup_every`-th request's context
+    repeats (prompt lookup accepted at 0.9 per position, code), the drafter is accepted at 0.1.
+    A step costs 30 ms + `row_s` per row + `token_s` per draft token (+ 6 ms with any draft),
+    and a batch lasts until its last request ends. `credit=False` tells the controller that
+    every row is ahead of the batch's back (`TailCredit`), as if none of their tokens shortened
+    the batch."""
     rng = random.Random(seed)
     seconds = 0.0
     for _ in range(batches):
@@ -383,13 +411,15 @@ def _static_batches(ctrl: AdaptiveDrafting | None, batches: int = 6, rows: int =
         arrived, departed, last = rows, 0, None
         while left:
             live = sorted(left)
-            lookup = [i % 2 == 0 for i in live]
+            lookup = [i % lookup_every == 0 for i in live]
             lengths = [0] * len(live)
             if ctrl is not None:
                 ctrl.observe_rows(len(live) - arrived, departed, arrived)
                 if last is not None:
                     ctrl.observe_accepted(*last)
-                plan = ctrl.plan(len(live), sum(lookup))
+                tail = TailCredit.of([length - left[i] for i in live], lookup, slack=GAMMA) \
+                    if credit else TailCredit(0.0, 0.0, 0, 0)
+                plan = ctrl.plan(len(live), sum(lookup), tail)
                 lookup_gamma = plan.gamma if plan.lookup_gamma is None else plan.lookup_gamma
                 lengths = [min(lookup_gamma if m else plan.gamma, left[i] - 1)
                            for i, m in zip(live, lookup, strict=True)]
@@ -397,7 +427,7 @@ def _static_batches(ctrl: AdaptiveDrafting | None, batches: int = 6, rows: int =
                 for j in drafter_rows[: plan.probe_rows]:
                     lengths[j] = min(plan.probe_gamma, left[live[j]] - 1)
             drafted = sum(lengths)
-            cost = 0.030 + 0.0045 * max(len(live), floor_rows) + 0.0025 * drafted \
+            cost = 0.030 + row_s * max(len(live), floor_rows) + token_s * drafted \
                 + (0.006 if drafted else 0.0)
             drafter_s = sum(n + 2 for n, m in zip(lengths, lookup, strict=True) if n and not m)
             drafter_s = 0.003 + 0.0003 * drafter_s if drafter_s else 0.0
@@ -439,10 +469,25 @@ def test_static_batches_draft_for_a_few_rows_only_where_their_early_end_pays():
     assert _static_batches(served, floor_rows=flat_tail) > 1.05 * plain
     ctrl = _warm_lookup(AdaptiveDrafting(GAMMA, lookup=True))
     assert _static_batches(ctrl, floor_rows=flat_tail) < 1.03 * plain
-    assert ctrl.refills.ratio() < 0.1 and ctrl.extra_value(16) < 0.5
+    assert ctrl.refills.ratio() < 0.1 and ctrl.extra_value(16, credited=0.0) < 0.5
     ctrl = _warm_lookup(AdaptiveDrafting(GAMMA, lookup=True))
     assert _static_batches(ctrl) < 0.97 * _static_batches(None)
     assert ctrl.verifier.row_cost(16) == pytest.approx(0.0045)  # the simulated 4.5 ms a row
+
+
+def test_static_batches_draft_where_every_row_gains_even_if_a_row_costs_little():
+    """Batch 4, a row costing 1 ms of a 34 ms step (rho ~ 0.1), every row's lookup accepted:
+    drafts for all rows keep them together, so the whole batch ends sooner and drafting pays.
+    Counting every row as ahead of the batch (each token worth only its row's 1 ms, the
+    controller before `TailCredit`) drafts nothing and gains nothing."""
+    batch4 = {"rows": 4, "lookup_every": 1, "row_s": 0.001, "token_s": 0.001}
+    plain = _static_batches(None, **batch4)
+    credited, uncredited = (_warm_lookup(AdaptiveDrafting(GAMMA, lookup=True)) for _ in "ab")
+    for ctrl in (credited, uncredited):  # seen as static batches already
+        _static_batch_ends(ctrl)
+    assert _static_batches(credited, **batch4) < 0.8 * plain
+    assert _static_batches(uncredited, credit=False, **batch4) > 0.97 * plain
+    assert uncredited.stats()["lookup_gamma_histogram"][0] > 0.9 * uncredited.steps
 
 
 def test_refill_ratio_option_pins_the_controller_and_is_checked(tiny_drafter):
@@ -525,7 +570,7 @@ def test_proposer_feeds_the_controller_and_skips_the_drafter(tiny_drafter, monke
     from tests.vllm.test_options import _proposer
 
     plans = iter([Plan(4), Plan(0), Plan(0), Plan(0, probe_rows=1, probe_gamma=4), Plan(0)])
-    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows, lookup_rows=None: next(plans))
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, *args, **kwargs: next(plans))
     seen: dict[str, list] = {"verifier": [], "drafter": []}
     monkeypatch.setattr(AdaptiveDrafting, "observe_verifier",
                         lambda self, rows, tokens, s: seen["verifier"].append((rows, tokens)))
@@ -555,6 +600,34 @@ def test_proposer_feeds_the_controller_and_skips_the_drafter(tiny_drafter, monke
     assert proposer.get_stats()["verify_steps"] == 4  # the drafted rows of steps 1 and 4
 
 
+def test_proposer_tells_the_controller_which_rows_are_at_the_back(tiny_drafter, monkeypatch):
+    """Each row's progress counts from the step its request arrived: a row committing three
+    tokens a step pulls ahead of two committing one and loses its `TailCredit` at gamma ahead."""
+    import numpy as np
+
+    from tests.vllm.test_options import _proposer
+
+    credits = []
+
+    def plan(self: AdaptiveDrafting, rows: int, lookup_rows: int | None = None,
+             credit: TailCredit | None = None) -> Plan:
+        credits.append(credit)
+        return Plan(0)
+
+    monkeypatch.setattr(AdaptiveDrafting, "plan", plan)
+    proposer = _proposer(tiny_drafter, 256, gamma=4)
+    proposer.load_model(None)
+    tokens = np.random.default_rng(0).integers(5, 300, size=(3, 256))
+    lengths = np.array([10, 20, 30])
+    for step in range(3):
+        sampled = [3 if r == 0 and step else 1 for r in range(3)]
+        proposer.propose([[int(t) for t in tokens[r, lengths[r] - sampled[r]:lengths[r]]]
+                          for r in range(3)], lengths.copy(), tokens)
+        lengths = lengths + np.array([3, 1, 1])
+    assert credits == [TailCredit(0.0, 3.0, 0, 3), TailCredit(0.0, 2.5, 0, 2),
+                       TailCredit(0.0, 2.0, 0, 2)]
+
+
 def test_rows_with_identical_contexts_each_keep_their_step(tiny_drafter, monkeypatch):
     """Greedy n > 1 gives rows with identical contexts: each is matched to its own last step, so
     the step still counts as decode-only and is timed."""
@@ -562,7 +635,7 @@ def test_rows_with_identical_contexts_each_keep_their_step(tiny_drafter, monkeyp
 
     from tests.vllm.test_options import _proposer
 
-    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows, lookup_rows=None: Plan(4))
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, *args, **kwargs: Plan(4))
     seen = []
     monkeypatch.setattr(AdaptiveDrafting, "observe_verifier",
                         lambda self, rows, tokens, s: seen.append(tokens))
@@ -665,7 +738,8 @@ def test_adaptive_greedy_outputs_identical(plain_outputs, adaptive_engine):
 def _cycling_plans(pattern: list[Plan]) -> Callable:
     state = {"step": 0}
 
-    def plan(self: AdaptiveDrafting, rows: int, lookup_rows: int | None = None) -> Plan:
+    def plan(self: AdaptiveDrafting, rows: int, lookup_rows: int | None = None,
+             credit: TailCredit | None = None) -> Plan:
         state["step"] += 1
         return pattern[state["step"] % len(pattern)]
 
@@ -739,7 +813,7 @@ def test_load_model_warms_the_drafter_up_and_leaves_no_trace(tiny_drafter, monke
     from vllm_specdiff.drafter.base import Drafter
     from vllm_specdiff.plugin.proposer import SpecDiffProposer
 
-    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows, lookup_rows=None: Plan(4))
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, *args, **kwargs: Plan(4))
     observed = []
     monkeypatch.setattr(AdaptiveDrafting, "observe_drafter",
                         lambda self, tokens, s: observed.append(tokens))
@@ -775,7 +849,7 @@ def test_lookup_rows_follow_the_lookup_length_and_report_their_source(tiny_draft
     from tests.vllm.test_options import _proposer
 
     plans = iter([Plan(0, probe_rows=1, probe_gamma=4, lookup_gamma=3), Plan(0, lookup_gamma=2)])
-    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, rows, lookup_rows=None: next(plans))
+    monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, *args, **kwargs: next(plans))
     observed = []
     monkeypatch.setattr(AdaptiveDrafting, "observe_accepted",
                         lambda self, a, d, lookup=None: observed.append((a, d, lookup)))

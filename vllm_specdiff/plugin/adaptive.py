@@ -24,15 +24,23 @@ B * E(g) / cost(g) with E(g) = 1 + sum_{j<=g} prod_{i<=j} alpha_i and
 cost(g) = verifier(B + B * g) + drafter (only if g > 0). g = 0 means the drafter is not called.
 At B > 1 a step with drafts must beat one without by DRAFT_MARGIN: tokens accepted for some rows
 make the rows finish apart, which costs time outside the steps this model prices.
-A committed token beyond a row's first is worth the step's average cost per token only when
-the row's slot goes on to serve someone: in continuous batching with a queue (a server) a row
-that finishes early makes room for the next request. When nothing takes the slot (a static
-batch waiting for its slowest row, the end of an offline job) it saves only that row's own
-part of the later steps: the verifier's marginal cost of a row (`VerifierCost.row_cost`, the
-slope of the draft-free step cost in batch size; ~5 ms at batch 16 here against ~7 ms of the
-step's average). `Refills` measures which case holds: how many requests arrive while others
-keep decoding, per request that left meanwhile. The extra tokens are weighted by
-refill + (1 - refill) * marginal / average (`extra_value`; the `refill_ratio` option pins it).
+A committed token beyond a row's first is worth the step's average cost per token only when it
+shortens the work: in continuous batching with a queue (a server) a row that finishes early
+makes room for the next request. When nothing takes the slot (a static batch waiting for its
+slowest row, the end of an offline job) the batch lasts until its last row ends: a token saves
+that row's own part of the later steps (the verifier's marginal cost of a row,
+`VerifierCost.row_cost`, the slope of the draft-free step cost in batch size: ~5 ms at batch 16
+here against ~7 ms of the step's average), and the rest of the step (the part not proportional
+to rows) only when it is a token of the rows at the back of the batch and every row exactly at
+the back gains. `TailCredit` says which rows those are: the fewest output tokens since they
+arrived, credit 1, falling to 0 at a full draft (gamma tokens) ahead of them. Drafts for every
+row keep the rows together and are credited in full; lookup drafts for a few of the rows at the
+back do not move the batch's end, and drafts for the same few rows (a looping request) move them
+ahead, where their tokens count only their row's part. `Refills` measures which case holds: how
+many requests arrive while others keep decoding, per request that left meanwhile. Extra tokens
+are weighted by refill + (1 - refill) * (rho + (1 - rho) * credited), rho = the marginal cost of
+the rows over the step's cost, credited = the credit-weighted share of the extra tokens
+(`TailCredit.share`, `extra_value`; the `refill_ratio` option pins the refill).
 A probe step now and then keeps every estimate measured: when g < gamma, one row drafts the full
 gamma (acceptance of every position, a second token count for the verifier line, the drafter's
 cost); when g = gamma, one step drafts nothing (the verifier's cost without drafts). With one
@@ -362,6 +370,51 @@ def expected_tokens(alphas: list[float], g: int) -> float:
 
 
 @dataclass(frozen=True)
+class TailCredit:
+    """Rows at the back of the batch, summed as credits over the rows with a lookup match
+    (`matched`) and the others: a row with the fewest output tokens since it arrived counts 1,
+    one `slack` tokens or more ahead of it 0, linearly between (see the module docstring); and
+    how many rows are exactly at the back, with a match and without (the batch's end moves
+    only when every one of them gains)."""
+
+    matched: float
+    others: float
+    back_matched: int
+    back_others: int
+
+    @classmethod
+    def of(cls, progress: list[int], matched: list[bool], slack: float) -> TailCredit:
+        """From each row's output tokens since it arrived and whether it has a lookup match."""
+        if not progress:
+            return cls(0.0, 0.0, 0, 0)
+        back = min(progress)
+        credit = [max(1.0 - (n - back) / slack, 0.0) if slack > 0 else float(n == back)
+                  for n in progress]
+        rows = list(zip(progress, credit, matched, strict=True))
+        return cls(sum(c for _, c, m in rows if m), sum(c for _, c, m in rows if not m),
+                   sum(1 for n, _, m in rows if m and n == back),
+                   sum(1 for n, _, m in rows if not m and n == back))
+
+    @classmethod
+    def together(cls, rows: int, matched: int) -> TailCredit:
+        """Every row at the back (no progress known: a batch that started together)."""
+        return cls(float(matched), float(rows - matched), matched, rows - matched)
+
+    def share(self, lookup_extra: float, drafter_extra: float, rows: int, matched: int
+              ) -> float:
+        """Share of a plan's extra tokens credited: each row's credit times its extra tokens
+        (`lookup_extra` for the `matched` rows, `drafter_extra` for the others), over all of
+        them; 0 when a row at the back gains nothing (the batch's end does not move)."""
+        extra = matched * lookup_extra + (rows - matched) * drafter_extra
+        if extra <= 0.0:
+            return 1.0
+        if (self.back_matched and lookup_extra <= 0.0) or \
+                (self.back_others and drafter_extra <= 0.0):
+            return 0.0
+        return (self.matched * lookup_extra + self.others * drafter_extra) / extra
+
+
+@dataclass(frozen=True)
 class Plan:
     """This step's drafting: `gamma` tokens per row, except `probe_rows` rows drafting
     `probe_gamma` instead (a probe), and rows with a prompt-lookup match drafting
@@ -410,6 +463,7 @@ class AdaptiveDrafting:
         self.bucket_probes: dict[int, int] = {}
         self.last_gamma = gamma
         self.last_rows = 0
+        self.last_credited = 1.0  # share of the last step's extra tokens at the batch's back
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -487,13 +541,14 @@ class AdaptiveDrafting:
         its 1 + accepted new tokens plus the draft (None: not measured yet)."""
         return self.drafter.predict(rows * (expected_tokens(alphas, g) + g))
 
-    def extra_value(self, rows: int) -> float:
+    def extra_value(self, rows: int, credited: float = 1.0) -> float:
         """What a committed token beyond a row's first is worth, as a share of the step's
-        average token (see the module docstring): refill + (1 - refill) * the verifier's
-        marginal cost of a row over its average. 1 at one row (its tokens end the batch
-        sooner) or before the verifier is measured."""
+        average token (see the module docstring): refill + (1 - refill) * (rho + (1 - rho) *
+        credited), rho the verifier's marginal cost of the rows over the step's cost and
+        `credited` the share of the extra tokens that are the back rows' (`TailCredit`). 1 at
+        one row (its tokens end the batch sooner) or before the verifier is measured."""
         refill = self.refill_ratio()
-        if rows <= 1 or refill >= 1.0:
+        if rows <= 1 or refill >= 1.0 or credited >= 1.0:
             return 1.0
         plain = self.verifier.predict(rows, rows)
         row = self.verifier.row_cost(rows)
@@ -502,20 +557,22 @@ class AdaptiveDrafting:
             row = None if coef is None else coef[1]
         if row is None or plain is None:
             return 1.0
-        return refill + (1.0 - refill) * min(rows * row / plain, 1.0)
+        rho = min(rows * row / plain, 1.0)
+        return refill + (1.0 - refill) * (rho + (1.0 - rho) * max(credited, 0.0))
 
     def refill_ratio(self) -> float:
         return self.refills.ratio() if self.pinned_refill is None else self.pinned_refill
 
-    def value(self, tokens: float, rows: int, worth: float) -> float:
+    @staticmethod
+    def value(tokens: float, rows: int, worth: float) -> float:
         """Committed `tokens` of `rows` rows, the ones beyond each row's first at `worth`."""
         return rows + worth * (tokens - rows)
 
-    def rates(self, rows: int) -> dict[int, float]:
-        """Expected committed tokens per second for each allowed g, the extra ones at their
-        `extra_value` (empty before any data)."""
+    def rates(self, rows: int, credit: TailCredit | None = None) -> dict[int, float]:
+        """Expected committed tokens per second for each allowed g when every row drafts g,
+        the extra ones at their `extra_value` (empty before any data)."""
         alphas = self.acceptance.alphas()
-        worth = self.extra_value(rows)
+        worth = self.extra_value(rows, self._credited_share(rows, credit))
         out = {}
         for g in self.choices:
             cost = self.step_cost(rows, g, alphas)
@@ -524,20 +581,29 @@ class AdaptiveDrafting:
             out[g] = self.value(rows * expected_tokens(alphas, g), rows, worth) / cost
         return out
 
-    def best(self, rows: int) -> tuple[int, dict[int, float]]:
+    @staticmethod
+    def _credited_share(rows: int, credit: TailCredit | None) -> float:
+        """Share of the extra tokens credited when every row drafts alike (None: all rows at the
+        back)."""
+        return 1.0 if credit is None else credit.share(1.0, 1.0, rows, rows)
+
+    def best(self, rows: int, credit: TailCredit | None = None) -> tuple[int, dict[int, float]]:
         """The g with the highest rate, by `choose`; 0 before anything is measured (plain
         steps measure the verifier first)."""
-        rates = self.rates(rows)
+        rates = self.rates(rows, credit)
         if not rates:
             return 0, rates
         return choose(rates, rows, self.margin), rates
 
-    def plan(self, rows: int, lookup_rows: int | None = None) -> Plan:
+    def plan(self, rows: int, lookup_rows: int | None = None,
+             credit: TailCredit | None = None) -> Plan:
         """This step's plan for `rows` decode rows: the best g, or a probe when one is due;
         `lookup_rows` of them have a prompt-lookup match (None: every row, for lookup's length;
-        the drafter's choice assumes every row drafts with the drafter)."""
+        the drafter's choice assumes every row drafts with the drafter); `credit`: which rows
+        are at the back of the batch (None: all of them)."""
         self.steps += 1
-        g, rates = self.best(rows)
+        g, rates = self.best(rows, credit)
+        self.last_credited = self._credited_share(rows, credit)
         self.last_gamma, self.last_rows = g, rows
         self.histogram[g] += 1
         plan = Plan(g)
@@ -553,38 +619,43 @@ class AdaptiveDrafting:
                                                             probe_gamma=self.gamma)
             self._schedule_next_probe(rows, g, plan, rates)
         if self.lookup_acceptance is not None:
-            plan = replace(plan, lookup_gamma=self.lookup_length(rows, lookup_rows, plan.gamma))
+            plan = replace(plan, lookup_gamma=self.lookup_length(rows, lookup_rows, plan.gamma,
+                                                                 credit))
             self.lookup_histogram[plan.lookup_gamma] += 1
         if not plan.calls_drafter:
             self.no_draft_steps += 1
         return plan
 
     def lookup_length(self, rows: int, lookup_rows: int | None = None,
-                      drafter_gamma: int = 0) -> int:
+                      drafter_gamma: int = 0, credit: TailCredit | None = None) -> int:
         """Draft length for the `lookup_rows` rows with a prompt-lookup match (None: all
         `rows`): the g maximising the step's committed tokens per second when they draft g
         lookup tokens (no drafter call) and the other rows draft `drafter_gamma` with the
-        drafter; chosen by `choose` (the margin applies when the step would otherwise have no
+        drafter, the extra tokens at their `extra_value` by `credit` (None: every row at the
+        back); chosen by `choose` (the margin applies when the step would otherwise have no
         draft). Gamma before the verifier is measured."""
         assert self.lookup_acceptance is not None
         matched = rows if lookup_rows is None else min(lookup_rows, rows)
         others = rows - matched
+        credit = credit or TailCredit.together(rows, matched)
         alphas = self.lookup_acceptance.alphas()
-        drafter_alphas = self.acceptance.alphas()
         # the drafter rows' part of the step is the same for every lookup length
         base_tokens = rows + others * (self.draft_tokens(drafter_gamma) if drafter_gamma else 0)
-        worth = self.extra_value(rows)
-        base_gain = rows + worth * others * (expected_tokens(drafter_alphas, drafter_gamma) - 1.0)
+        drafter_extra = expected_tokens(self.acceptance.alphas(), drafter_gamma) - 1.0
         base_cost = self.overhead
         if drafter_gamma and others:
-            base_cost += self.drafter_cost(others, drafter_gamma, drafter_alphas) or 0.0
+            base_cost += self.drafter_cost(others, drafter_gamma, self.acceptance.alphas()) \
+                or 0.0
         rates = {}
         for g in self.choices:
             verify = self.verifier.predict(rows, base_tokens + matched * g)
             if verify is None:
                 return self.gamma
-            gain = base_gain + worth * matched * (expected_tokens(alphas, g) - 1.0)
-            rates[g] = gain / (verify + base_cost)
+            lookup_extra = expected_tokens(alphas, g) - 1.0
+            extra = matched * lookup_extra + others * drafter_extra
+            worth = self.extra_value(rows, credit.share(lookup_extra, drafter_extra, rows,
+                                                        matched))
+            rates[g] = (rows + worth * extra) / (verify + base_cost)
         return choose(rates, rows, self.margin, has_drafts=bool(drafter_gamma and others))
 
     def _least_measured(self, g: int) -> int:
@@ -620,7 +691,7 @@ class AdaptiveDrafting:
             cost = self.step_cost(rows, plan.gamma, alphas)
             return None if cost is None or not math.isfinite(cost) else \
                 cost - self.value(rows * expected_tokens(alphas, plan.gamma), rows,
-                                  self.extra_value(rows)) / rates[g]
+                                  self.extra_value(rows, self.last_credited)) / rates[g]
         others = rows - plan.probe_rows
         verify = self.verifier.predict(rows, others * (1.0 + self.draft_tokens(g))
                                        + plan.probe_rows * (1.0 + self.full_tokens))
@@ -634,7 +705,7 @@ class AdaptiveDrafting:
             return None
         tokens = others * expected_tokens(alphas, g) \
             + plan.probe_rows * expected_tokens(alphas, self.gamma)
-        worth = self.value(tokens, rows, self.extra_value(rows))
+        worth = self.value(tokens, rows, self.extra_value(rows, self.last_credited))
         return verify + draft + self.overhead - worth / rates[g]
 
     # ---- reporting ------------------------------------------------------------------------------
@@ -651,7 +722,7 @@ class AdaptiveDrafting:
                 f"{self.no_draft_steps} of {sum(self.histogram)} steps without draft, "
                 f"{self.probe_steps} probes (every {self.probe_interval}), {fit}, "
                 f"acceptance [{alphas}], refill {self.refill_ratio():.2f} (extra tokens "
-                f"worth {self.extra_value(self.last_rows):.2f})")
+                f"worth {self.extra_value(self.last_rows, self.last_credited):.2f})")
         if self.lookup_acceptance is not None:
             lookup = ", ".join(f"{a:.2f}" for a in self.lookup_acceptance.alphas())
             line += f"; lookup gamma histogram {self.lookup_histogram}, acceptance [{lookup}]"
@@ -675,7 +746,8 @@ class AdaptiveDrafting:
             {"intercept": 1000.0 * da[0], "per_token": 1000.0 * da[1]},
             "acceptance_estimate": self.acceptance.alphas(),
             "refill_ratio": self.refill_ratio(),
-            "extra_token_value": self.extra_value(self.last_rows),
+            "extra_token_value": self.extra_value(self.last_rows, self.last_credited),
+            "credited_share": self.last_credited,
             "full_draft_tokens": self.full_tokens,
             "lookup_gamma_histogram": None if self.lookup_acceptance is None else
             list(self.lookup_histogram),

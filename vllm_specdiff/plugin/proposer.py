@@ -27,7 +27,7 @@ import torch
 
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
 from vllm_specdiff.core.datastore import Datastore
-from vllm_specdiff.plugin.adaptive import AdaptiveDrafting, Plan
+from vllm_specdiff.plugin.adaptive import AdaptiveDrafting, Plan, TailCredit
 from vllm_specdiff.plugin.candidates import candidate_drafts, lookup_continuation, ngram_draft
 from vllm_specdiff.plugin.config import (
     SpecDiffConfig,
@@ -48,22 +48,26 @@ WARM_UP_CONTEXT = 32  # tokens of the start-up draft's dummy context
 @dataclass(frozen=True)
 class _Row:
     """A row that just sampled tokens: batch index, committed context, the most draft tokens
-    that fit (position limits), and the context length the drafter last encoded for it."""
+    that fit (position limits), the context length the drafter last encoded for it, and the
+    context length when the request was first seen (its output tokens since: its progress)."""
 
     index: int
     context: torch.Tensor
     room: int
     drafted_upto: int
+    start: int
 
 
 @dataclass(frozen=True)
 class _Pending:
     """What one step left for the next: the row's draft length (accepted counts are out of
-    it), the draft tokens the verifier got (a trie's nodes for K > 1) and `drafted_upto`."""
+    it), the draft tokens the verifier got (a trie's nodes for K > 1), `drafted_upto` and
+    `start`."""
 
     depth: int
     tokens: int
     drafted_upto: int
+    start: int
     lookup: bool = False  # the draft was a prompt-lookup continuation
 
 
@@ -263,7 +267,8 @@ class SpecDiffProposer:
                     from_lookup.append(prev.lookup)
             room = min(self.gamma, self.max_model_len - n, self.drafter.draft_room(n))
             decoded.append(_Row(i, torch.from_numpy(np.asarray(context, dtype=np.int64)),
-                                max(room, 0), 0 if prev is None else prev.drafted_upto))
+                                max(room, 0), 0 if prev is None else prev.drafted_upto,
+                                n if prev is None else prev.start))
         departed = sum(len(left) for left in self._pending.values())
         self._pending.clear()  # rows not seen this step finished or were preempted
         if self.adaptive is not None:
@@ -297,7 +302,7 @@ class SpecDiffProposer:
             depth = min(length, len(drafts[row.index]))
             self._pending.setdefault(self._signature(row.context.numpy()), []).append(_Pending(
                 depth, len(drafts[row.index]),
-                n if row.index in drafter_rows else row.drafted_upto,
+                n if row.index in drafter_rows else row.drafted_upto, row.start,
                 lookup=row.index in by_lookup))
         elapsed = self.clock() - start
         self._observe_call(encoded, elapsed)
@@ -343,7 +348,9 @@ class SpecDiffProposer:
             return rooms
         if verified is not None and self._last_end is not None:
             self.adaptive.observe_verifier(len(decoded), verified, start - self._last_end)
-        plan = self._rank0_plan(len(decoded), len(found))
+        credit = TailCredit.of([int(row.context.shape[0]) - row.start for row in decoded],
+                               [row.index in found for row in decoded], slack=self.gamma)
+        plan = self._rank0_plan(len(decoded), len(found), credit)
         lookup_gamma = plan.gamma if plan.lookup_gamma is None else plan.lookup_gamma
         lengths = [min(room, lookup_gamma if row.index in found else plan.gamma)
                    for row, room in zip(decoded, rooms, strict=True)]
@@ -354,17 +361,18 @@ class SpecDiffProposer:
             lengths[j] = min(rooms[j], plan.probe_gamma)
         return lengths
 
-    def _rank0_plan(self, rows: int, lookup_rows: int) -> Plan:
+    def _rank0_plan(self, rows: int, lookup_rows: int, credit: TailCredit) -> Plan:
         """The controller's plan; with tensor parallelism, rank 0's (the rank whose drafts vLLM
         keeps) for every rank, so all ranks draft the same tokens from the same inputs (their
         timings differ) and tries (K > 1) stay the same on every rank."""
         assert self.adaptive is not None
         if self.tp_size == 1:
-            return self.adaptive.plan(rows, lookup_rows)
+            return self.adaptive.plan(rows, lookup_rows, credit)
         from vllm.distributed import get_tp_group
 
         group = get_tp_group()
-        plan = self.adaptive.plan(rows, lookup_rows) if group.rank_in_group == 0 else None
+        plan = self.adaptive.plan(rows, lookup_rows, credit) if group.rank_in_group == 0 \
+            else None
         return group.broadcast_object(plan, src=0)
 
     def _encoded(self, row: _Row) -> int:
