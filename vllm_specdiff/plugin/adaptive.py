@@ -558,7 +558,7 @@ class AdaptiveDrafting:
         if row is None or plain is None:
             return 1.0
         rho = min(rows * row / plain, 1.0)
-        return refill + (1.0 - refill) * (rho + (1.0 - rho) * max(credited, 0.0))
+        return refill + (1.0 - refill) * (rho + (1.0 - rho) * credited)
 
     def refill_ratio(self) -> float:
         return self.refills.ratio() if self.pinned_refill is None else self.pinned_refill
@@ -568,11 +568,11 @@ class AdaptiveDrafting:
         """Committed `tokens` of `rows` rows, the ones beyond each row's first at `worth`."""
         return rows + worth * (tokens - rows)
 
-    def rates(self, rows: int, credit: TailCredit | None = None) -> dict[int, float]:
+    def rates(self, rows: int, credited: float = 1.0) -> dict[int, float]:
         """Expected committed tokens per second for each allowed g when every row drafts g,
-        the extra ones at their `extra_value` (empty before any data)."""
+        the extra ones at their `extra_value` by `credited` (empty before any data)."""
         alphas = self.acceptance.alphas()
-        worth = self.extra_value(rows, self._credited_share(rows, credit))
+        worth = self.extra_value(rows, credited)
         out = {}
         for g in self.choices:
             cost = self.step_cost(rows, g, alphas)
@@ -581,16 +581,10 @@ class AdaptiveDrafting:
             out[g] = self.value(rows * expected_tokens(alphas, g), rows, worth) / cost
         return out
 
-    @staticmethod
-    def _credited_share(rows: int, credit: TailCredit | None) -> float:
-        """Share of the extra tokens credited when every row drafts alike (None: all rows at the
-        back)."""
-        return 1.0 if credit is None else credit.share(1.0, 1.0, rows, rows)
-
-    def best(self, rows: int, credit: TailCredit | None = None) -> tuple[int, dict[int, float]]:
+    def best(self, rows: int, credited: float = 1.0) -> tuple[int, dict[int, float]]:
         """The g with the highest rate, by `choose`; 0 before anything is measured (plain
         steps measure the verifier first)."""
-        rates = self.rates(rows, credit)
+        rates = self.rates(rows, credited)
         if not rates:
             return 0, rates
         return choose(rates, rows, self.margin), rates
@@ -602,8 +596,9 @@ class AdaptiveDrafting:
         the drafter's choice assumes every row drafts with the drafter); `credit`: which rows
         are at the back of the batch (None: all of them)."""
         self.steps += 1
-        g, rates = self.best(rows, credit)
-        self.last_credited = self._credited_share(rows, credit)
+        # the drafter's plan has every row draft alike (None: every row at the back)
+        self.last_credited = 1.0 if credit is None else credit.share(1.0, 1.0, rows, rows)
+        g, rates = self.best(rows, self.last_credited)
         self.last_gamma, self.last_rows = g, rows
         self.histogram[g] += 1
         plan = Plan(g)
@@ -641,11 +636,11 @@ class AdaptiveDrafting:
         alphas = self.lookup_acceptance.alphas()
         # the drafter rows' part of the step is the same for every lookup length
         base_tokens = rows + others * (self.draft_tokens(drafter_gamma) if drafter_gamma else 0)
-        drafter_extra = expected_tokens(self.acceptance.alphas(), drafter_gamma) - 1.0
+        drafter_alphas = self.acceptance.alphas()
+        drafter_extra = expected_tokens(drafter_alphas, drafter_gamma) - 1.0
         base_cost = self.overhead
         if drafter_gamma and others:
-            base_cost += self.drafter_cost(others, drafter_gamma, self.acceptance.alphas()) \
-                or 0.0
+            base_cost += self.drafter_cost(others, drafter_gamma, drafter_alphas) or 0.0
         rates = {}
         for g in self.choices:
             verify = self.verifier.predict(rows, base_tokens + matched * g)
