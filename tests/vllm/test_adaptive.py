@@ -26,6 +26,7 @@ from vllm_specdiff.plugin.adaptive import (
     ForgettingLine,
     Plan,
     TailCredit,
+    VerifierCost,
     choose,
     expected_tokens,
 )
@@ -317,6 +318,25 @@ def test_estimates_follow_the_measurements():
     single = ForgettingLine()
     single.add(10, 0.05)  # one token count: extrapolated as proportional (pessimistic)
     assert single.predict(20) == pytest.approx(0.1, rel=0.01)
+
+
+def test_verifier_cost_answers_from_the_data_it_has_now():
+    """Coefficients and row costs are computed once per step (memoised), so a step's new
+    measurement must change the next answer."""
+    cost = VerifierCost(min_spread=1.0)
+    for rows in (8, 16):
+        cost.add(rows, float(rows), 0.004 * rows)
+    for tokens in (20, 28):
+        cost.add(16, float(tokens), 0.004 * tokens)
+    before = cost.coefficients(16), cost.row_cost(16)
+    assert before[0][1] == pytest.approx(0.004) and before[1] == pytest.approx(0.004)
+    for _ in range(300):  # the machine got slower: twice the cost everywhere
+        for rows in (8, 16):
+            cost.add(rows, float(rows), 0.008 * rows)
+        for tokens in (20, 28):
+            cost.add(16, float(tokens), 0.008 * tokens)
+    assert cost.coefficients(16)[1] == pytest.approx(0.008, rel=0.02)
+    assert cost.row_cost(16) == pytest.approx(0.008, rel=0.02)
 
 
 def test_a_noisy_fit_never_predicts_a_negative_intercept():

@@ -47,6 +47,26 @@ def test_lookup_continuation_agrees_with_its_definition_on_random_contexts():
         matched += expected is not None
     assert 1000 < matched < 3000  # both outcomes are exercised
 
+def test_lookup_of_a_batch_agrees_with_each_row_alone():
+    """Rows of different lengths searched together (one padded matrix) find what each finds
+    alone: padding never matches, nor does a short row's missing suffix."""
+    from vllm_specdiff.plugin.candidates import lookup_continuations
+
+    rng = np.random.default_rng(1)
+    matched = 0
+    for _ in range(300):
+        rows = int(rng.integers(1, 9))
+        contexts = [rng.integers(0, int(rng.integers(2, 5)), int(rng.integers(0, 30))).tolist()
+                    for _ in range(rows)]
+        gammas = [int(rng.integers(1, 6)) for _ in range(rows)]
+        found = lookup_continuations([np.array(c, dtype=np.int32) for c in contexts], gammas)
+        for context, gamma, row in zip(contexts, gammas, found, strict=True):
+            expected = _lookup_by_definition(context, gamma)
+            assert (None if row is None else row.tolist()) == expected, (contexts, context)
+            matched += expected is not None
+    assert matched > 300
+
+
 def test_repeating_rows_draft_the_lookup_and_skip_the_drafter(tiny_drafter):
     proposer = _proposer(tiny_drafter, 256, gamma=4, adaptive=False)  # lookup is on by default
     proposer.load_model(None)

@@ -177,10 +177,14 @@ class VerifierCost:
         self.lines: dict[int, ForgettingLine] = {}  # steps with drafts
         self.points: dict[tuple[int, int], CostPoint] = {}
         self.observations: dict[int, int] = {}  # steps per bucket, the points' clock
+        # coefficients and row costs of the current data: a plan asks for them once per
+        # candidate length, and every step's plan runs on the serving path
+        self._memo: dict[tuple[str, int], tuple[float, float] | float | None] = {}
 
     def add(self, rows: int, tokens: float, seconds: float) -> None:
         """One step; only steps with drafts (tokens > rows) shape the line, every step its
         own point."""
+        self._memo.clear()
         bucket = rows_bucket(rows)
         self.observations[bucket] = self.observations.get(bucket, 0) + 1
         if tokens > rows:
@@ -215,6 +219,12 @@ class VerifierCost:
 
     def coefficients(self, rows: int) -> tuple[float, float] | None:
         """(a, b) of the line used at this batch size; None before any data."""
+        key = ("coefficients", rows)
+        if key not in self._memo:
+            self._memo[key] = self._coefficients(rows)
+        return self._memo[key]  # type: ignore[return-value]
+
+    def _coefficients(self, rows: int) -> tuple[float, float] | None:
         bucket = rows_bucket(rows)
         if bucket not in self.lines:
             near = sorted(self.lines, key=lambda k: (abs(k - bucket), k))
@@ -240,6 +250,12 @@ class VerifierCost:
         """The verifier's marginal cost of one more row near this batch size, without drafts:
         the weighted least-squares slope of the draft-free steps' mean costs against their
         batch size, over sizes rows / 2 .. 2 * rows (None with fewer than two sizes)."""
+        key = ("row_cost", rows)
+        if key not in self._memo:
+            self._memo[key] = self._row_cost(rows)
+        return self._memo[key]  # type: ignore[return-value]
+
+    def _row_cost(self, rows: int) -> float | None:
         data = []
         for r in range(max(rows // 2, 1), 2 * rows + 1):
             point = self.points.get((r, r))

@@ -28,7 +28,7 @@ import torch
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
 from vllm_specdiff.core.datastore import Datastore
 from vllm_specdiff.plugin.adaptive import AdaptiveDrafting, Plan, TailCredit
-from vllm_specdiff.plugin.candidates import candidate_drafts, lookup_continuation, ngram_draft
+from vllm_specdiff.plugin.candidates import candidate_drafts, lookup_continuations, ngram_draft
 from vllm_specdiff.plugin.config import (
     SpecDiffConfig,
     check_drafter_for,
@@ -47,12 +47,13 @@ WARM_UP_CONTEXT = 32  # tokens of the start-up draft's dummy context
 
 @dataclass(frozen=True)
 class _Row:
-    """A row that just sampled tokens: batch index, committed context, the most draft tokens
-    that fit (position limits), the context length the drafter last encoded for it, and the
-    context length when the request was first seen (its output tokens since: its progress)."""
+    """A row that just sampled tokens: batch index, committed context (a view of vLLM's token
+    array, read only during the step), the most draft tokens that fit (position limits), the
+    context length the drafter last encoded for it, and the context length when the request
+    was first seen (its output tokens since: its progress)."""
 
     index: int
-    context: torch.Tensor
+    context: np.ndarray
     room: int
     drafted_upto: int
     start: int
@@ -266,8 +267,8 @@ class SpecDiffProposer:
                     depths.append(prev.depth)
                     from_lookup.append(prev.lookup)
             room = min(self.gamma, self.max_model_len - n, self.drafter.draft_room(n))
-            decoded.append(_Row(i, torch.from_numpy(np.asarray(context, dtype=np.int64)),
-                                max(room, 0), 0 if prev is None else prev.drafted_upto,
+            decoded.append(_Row(i, np.asarray(context), max(room, 0),
+                                0 if prev is None else prev.drafted_upto,
                                 n if prev is None else prev.start))
         departed = sum(len(left) for left in self._pending.values())
         self._pending.clear()  # rows not seen this step finished or were preempted
@@ -288,8 +289,8 @@ class SpecDiffProposer:
         drafter_rows: set[int] = set()
         if rows:
             allowed = [self.tree_rows is None or bool(self.tree_rows[r.index]) for r, _ in rows]
-            tokens, tries = self._draft([r.context for r, _ in rows], [n for _, n in rows],
-                                        allowed)
+            contexts = [torch.from_numpy(np.asarray(r.context, dtype=np.int64)) for r, _ in rows]
+            tokens, tries = self._draft(contexts, [n for _, n in rows], allowed)
             for (row, n), draft, trie in zip(rows, tokens, tries, strict=True):
                 drafts[row.index] = draft
                 self.last_tries[row.index] = trie
@@ -300,7 +301,7 @@ class SpecDiffProposer:
             n = int(row.context.shape[0])
             # a lookup draft may be shorter than its length; a trie has more nodes than depth
             depth = min(length, len(drafts[row.index]))
-            self._pending.setdefault(self._signature(row.context.numpy()), []).append(_Pending(
+            self._pending.setdefault(self._signature(row.context), []).append(_Pending(
                 depth, len(drafts[row.index]),
                 n if row.index in drafter_rows else row.drafted_upto, row.start,
                 lookup=row.index in by_lookup))
@@ -324,17 +325,15 @@ class SpecDiffProposer:
         retrieved: set[int] = set()
         if not self.lookup_enabled:
             return out, retrieved
-        for row in decoded:
-            if row.room > 0:
-                context = row.context.numpy()
-                continuation = lookup_continuation(context, row.room)
-                if (continuation is None or not continuation.shape[0]) \
-                        and self.datastore is not None:
-                    continuation = self.datastore.draft(context, row.room)
-                    if continuation is not None:
-                        retrieved.add(row.index)
-                if continuation is not None and continuation.shape[0] > 0:
-                    out[row.index] = continuation
+        rows = [row for row in decoded if row.room > 0]
+        found = lookup_continuations([row.context for row in rows], [row.room for row in rows])
+        for row, continuation in zip(rows, found, strict=True):
+            if (continuation is None or not continuation.shape[0]) and self.datastore is not None:
+                continuation = self.datastore.draft(row.context, row.room)
+                if continuation is not None:
+                    retrieved.add(row.index)
+            if continuation is not None and continuation.shape[0] > 0:
+                out[row.index] = continuation
         return out, retrieved
 
     def _draft_lengths(self, decoded: list[_Row], start: float, verified: int | None,
