@@ -37,6 +37,7 @@ def install_vllm_fixes() -> list[str]:
     plugin was filtered out (`VLLM_PLUGINS`); a second call installs nothing.
     """
     from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
+    from vllm_specdiff.plugin.draftless_fix import fix_draftless_steps
     from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens
     from vllm_specdiff.plugin.topk_fix import fix_cpu_top_k_only
 
@@ -44,6 +45,7 @@ def install_vllm_fixes() -> list[str]:
         "expand_kernel (temperature > 0 verification)": fix_cpu_expand_kernel,
         "top-k sampler on steps with no draft tokens": fix_cpu_top_k_only,
         "recovered tokens sampled only where the rejection kernel reads them": fix_recovered_tokens,
+        "steps without draft tokens sampled by the plain sampler": fix_draftless_steps,
     }
     installed = [name for name, install in fixes.items() if install()]
     if installed:
