@@ -3,8 +3,8 @@
 vLLM 0.32's `GPUModelRunner._prepare_inputs` builds a `SpecDecodeMetadata` for every step of a
 speculative engine, and `_sample` sends every step with one through the rejection sampler, even
 when no request has a draft token. The adaptive controller drafts nothing on most steps at batch
-16, and there the rejection sampler costs ~1.07 ms a step against the plain sampler's ~0.27 ms
-(cProfile, batch 16 on this machine's CPU): it samples the bonus tokens with full-vocabulary
+16, and there the rejection sampler costs ~1.1 ms a step against the plain sampler's ~0.3 ms
+(cProfile: benchmarks/step_overhead.py): it samples the bonus tokens with full-vocabulary
 logprobs (`max_num_logprobs=-1`, needed or not) and runs the rejection path's logits
 processors, constraints and kernels on empty draft tensors.
 
