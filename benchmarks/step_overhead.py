@@ -57,14 +57,20 @@ def _engine(setting: str) -> Any:  # noqa: ANN401
     return LLM(**kwargs)
 
 
+def totals(stats: pstats.Stats, suffix: str, function: str) -> tuple[int, float]:
+    """Calls and cumulative seconds of the profiled functions `function` in files ending in
+    `suffix`."""
+    calls, seconds = 0, 0.0
+    for (path, _, name), (_, n, _, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
+        if name == function and path.endswith(suffix):
+            calls, seconds = calls + n, seconds + cumulative
+    return calls, seconds
+
+
 def per_step(stats: pstats.Stats, steps: int) -> dict[str, float]:
     """Cumulative milliseconds per engine step of each function in FUNCTIONS (0: not called)."""
-    out = dict.fromkeys(FUNCTIONS.values(), 0.0)
-    for (path, _, name), (_, _, _, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
-        for (suffix, function), key in FUNCTIONS.items():
-            if name == function and path.endswith(suffix):
-                out[key] += 1000.0 * cumulative / steps
-    return {key: round(value, 3) for key, value in out.items()}
+    return {key: round(1000.0 * totals(stats, *where)[1] / steps, 3)
+            for where, key in FUNCTIONS.items()}
 
 
 def run(setting: str, prompts: int, max_tokens: int) -> dict[str, Any]:
@@ -85,8 +91,7 @@ def run(setting: str, prompts: int, max_tokens: int) -> dict[str, Any]:
     profile.disable()
     seconds = time.perf_counter() - began
     stats = pstats.Stats(profile)
-    steps = sum(calls for (path, _, name), (calls, *_) in stats.stats.items()  # type: ignore[attr-defined]
-                if name == "step" and path.endswith("vllm/v1/engine/core.py"))
+    steps = totals(stats, "vllm/v1/engine/core.py", "step")[0]
     tokens = sum(len(out.outputs[0].token_ids) for out in outputs)
     return {"setting": setting, "steps": steps, "new_tokens": tokens,
             "tokens_per_s_profiled": round(tokens / seconds, 2), **per_step(stats, steps)}

@@ -66,7 +66,9 @@ Plain Python and torch-free arithmetic: no vLLM import, testable with synthetic 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 # Forgetting factor per observation: memory of ~200 steps (costs) or drafted rows (acceptance).
 FORGET = 0.995
@@ -222,10 +224,7 @@ class VerifierCost:
 
     def coefficients(self, rows: int) -> tuple[float, float] | None:
         """(a, b) of the line used at this batch size; None before any data."""
-        key = ("coefficients", rows)
-        if key not in self._memo:
-            self._memo[key] = self._coefficients(rows)
-        return self._memo[key]  # type: ignore[return-value]
+        return self._memoised("coefficients", rows, self._coefficients)  # type: ignore[return-value]
 
     def _coefficients(self, rows: int) -> tuple[float, float] | None:
         bucket = rows_bucket(rows)
@@ -253,10 +252,7 @@ class VerifierCost:
         """The verifier's marginal cost of one more row near this batch size, without drafts:
         the weighted least-squares slope of the draft-free steps' mean costs against their
         batch size, over sizes rows / 2 .. 2 * rows (None with fewer than two sizes)."""
-        key = ("row_cost", rows)
-        if key not in self._memo:
-            self._memo[key] = self._row_cost(rows)
-        return self._memo[key]  # type: ignore[return-value]
+        return self._memoised("row_cost", rows, self._row_cost)  # type: ignore[return-value]
 
     def _row_cost(self, rows: int) -> float | None:
         data = []
@@ -272,6 +268,13 @@ class VerifierCost:
         my = sum(w * y for _, y, w in data) / s0
         var = sum(w * (r - mx) ** 2 for r, _, w in data)
         return max(sum(w * (r - mx) * (y - my) for r, y, w in data) / var, 0.0)
+
+    def _memoised(self, kind: str, rows: int, compute: Callable[[int], Any]) -> Any:  # noqa: ANN401
+        """`compute(rows)`, computed once until the next measurement (`add` clears the memo)."""
+        key = (kind, rows)
+        if key not in self._memo:
+            self._memo[key] = compute(rows)
+        return self._memo[key]
 
     def predict(self, rows: int, tokens: float) -> float | None:
         """The mean measured at exactly (rows, tokens) when it has POINT_WEIGHT observations,
