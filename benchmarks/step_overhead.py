@@ -41,7 +41,8 @@ FUNCTIONS = {
 }
 
 
-def _engine(setting: str) -> Any:  # noqa: ANN401
+def engine(setting: str, max_num_seqs: int = 16) -> Any:  # noqa: ANN401
+    """The default verifier in-process, plain or with the default proposer (gamma 8)."""
     from vllm import LLM
 
     from vllm_specdiff.models import prepare_defaults
@@ -50,7 +51,7 @@ def _engine(setting: str) -> Any:  # noqa: ANN401
     paths = prepare_defaults()
     kwargs: dict[str, Any] = dict(model=str(paths["verifier"]), dtype="float32",
                                   max_model_len=2048, kv_cache_memory_bytes=2**30,
-                                  enforce_eager=True, max_num_seqs=16)
+                                  enforce_eager=True, max_num_seqs=max_num_seqs)
     if setting != "plain":
         kwargs.update(specdiff_engine_args(num_speculative_tokens=8,
                                            drafter=str(paths["drafter"]), log_interval=0))
@@ -78,7 +79,7 @@ def run(setting: str, prompts: int, max_tokens: int) -> dict[str, Any]:
 
     from vllm_specdiff.plugin.draftless_fix import restore_vllm_sample
 
-    llm = _engine(setting)
+    llm = engine(setting)
     if setting == "specdiff2-vllm-sample":  # after start-up, which installs the plugin's fixes
         restore_vllm_sample()
     chats = [json.loads(line)["messages"] for line in PROMPTS.read_text().splitlines()][:prompts]

@@ -573,6 +573,31 @@ def test_batch1_measures_each_length_where_the_cost_is_not_a_line():
         assert ctrl.verifier.point_weight(1, 1 + GAMMA) > 0  # probes measured other lengths
 
 
+def _drifting_host(cost: VerifierCost) -> VerifierCost:
+    """Batch 1, while the host is fast: 3 tokens measured 5 times (30 ms), 6 tokens 100 times
+    (31 ms); then 6 tokens 100 times while the host runs 30% slower (40.3 ms)."""
+    for _ in range(5):
+        cost.add(1, 3.0, 0.030)
+    for _ in range(100):
+        cost.add(1, 6.0, 0.031)
+    for _ in range(100):
+        cost.add(1, 6.0, 1.3 * 0.031)
+    return cost
+
+
+def test_a_length_measured_while_the_host_was_faster_does_not_look_cheaper():
+    """The two lengths' costs keep their ratio across the host's slow phase (30 against 31
+    ms, within 3%: the point in use absorbs a little of the change before the speed follows);
+    without the speed (costs in seconds) the length measured in the fast phase looks ~20%
+    cheaper, and a controller would switch to it (benchmarks/results/2026-12-04/cost_drift)."""
+    cost = _drifting_host(VerifierCost(min_spread=16.0))
+    assert cost.predict(1, 3.0) / cost.predict(1, 6.0) == pytest.approx(30 / 31, rel=0.03)
+    assert cost.predict(1, 6.0) == pytest.approx(1.3 * 0.031, rel=0.01)  # seconds, this speed
+    assert cost.speed == pytest.approx(1.3, rel=0.03)
+    in_seconds = _drifting_host(VerifierCost(min_spread=16.0, speed_forget=1.0))
+    assert in_seconds.predict(1, 3.0) / in_seconds.predict(1, 6.0) < 0.85
+
+
 def test_each_batch_size_gets_its_own_cost_line():
     """After serving batch 16 (steep: no drafts), batch 1 (flat) is not judged by batch 16's
     line: it probes its own slope at once and drafts."""

@@ -18,6 +18,9 @@ the step cost is nearly flat in tokens and full gamma pays whenever the drafter 
   line never prices a step with drafts below that mean plus the line's cost of the draft
   tokens (one line serves a bucket of batch sizes; on chat at batch 16, continuous, it priced
   15 rows plus one draft token ~10 ms below 15 rows without, and lookup drafts looked free);
+  all of it relative to the host's speed (`VerifierCost.speed`: on a shared host a step of one
+  shape drifts by more than one length costs over another, and a length measured in a fast
+  phase looked cheaper than the one in use);
 - the drafter's cost per call as a line in the tokens it encodes (catch-up context + draft);
 - per-position acceptance alpha_j = P(position j accepted | 1..j-1 accepted), from a Beta prior
   and the accepted lengths the proposer records.
@@ -90,6 +93,15 @@ CLIP_FACTOR = 3.0
 # Effective observations at one exact token count before its own mean replaces the line (one
 # recent measurement: at batch 1 probes re-measure each length only every few hundred steps).
 POINT_WEIGHT = 1.0
+# The host's speed (a step's cost over its shape, the costs measured relative to each other)
+# forgets this much per step measured at a well-known point: memory ~10 steps, short, so that a
+# slow phase moves the speed more than the cost of the length in use (most of its noise
+# cancels: every length's prediction is multiplied by the same speed; 0.8 lost ~1% more on the
+# noisy closed-loop simulations of tests/vllm/test_adaptive.py). On a shared host the same
+# batch-1 step's median over 60 steps ranged over 15% within 2 minutes
+# (benchmarks/results/2026-12-04/cost_drift/), more than one draft length costs over another,
+# so a length measured in a fast phase looked cheaper than the one in use.
+SPEED_FORGET = 0.9
 # Measured (batch size, token count) points kept; beyond, the least-weighted half is dropped.
 MAX_POINTS = 1024
 # At batch > 1 a step with drafts must promise this much more committed tokens per second than
@@ -171,25 +183,38 @@ class VerifierCost:
     """The verifier's step cost, one forgetting line in tokens per batch-size bucket (per-row
     costs, attention over each row's context, make one line across batch sizes wrong).
 
+    Costs are kept relative to the host's speed (`speed`, seconds per unit of shape): a step
+    measured at a well-known (batch size, token count) updates the speed, every step is stored
+    divided by it, and predictions are multiplied by it. A slow phase of the host then raises
+    the speed, not the cost of the draft length in use, and lengths measured at other times
+    stay comparable with it (their shapes were measured against the speed of their time).
+
     The lines are fitted to steps with drafts (see the module docstring). A bucket whose draft
     steps all sit at one token count keeps their level and takes as slope the chord to its
     draft-free cost, else the slope of the nearest bucket that has one (none: proportional to
     tokens, pessimistic); a bucket without draft steps uses the nearest bucket's line.
     """
 
-    def __init__(self, min_spread: float) -> None:
+    def __init__(self, min_spread: float, speed_forget: float = SPEED_FORGET) -> None:
         self.min_spread = min_spread
+        self.speed_forget = speed_forget  # 1: the speed never moves (costs in seconds)
         self.lines: dict[int, ForgettingLine] = {}  # steps with drafts
         self.points: dict[tuple[int, int], CostPoint] = {}
         self.observations: dict[int, int] = {}  # steps per bucket, the points' clock
         # coefficients and row costs of the current data: a plan asks for them once per
         # candidate length, and every step's plan runs on the serving path
         self._memo: dict[tuple[str, int], tuple[float, float] | float | None] = {}
+        self.speed = 1.0
 
     def add(self, rows: int, tokens: float, seconds: float) -> None:
         """One step; only steps with drafts (tokens > rows) shape the line, every step its
-        own point."""
+        own point (relative to the speed, which a well-known point's step updates first)."""
         self._memo.clear()
+        if self.point_weight(rows, tokens) >= POINT_WEIGHT:
+            shape = self.points[(rows, round(tokens))].mean
+            f = self.speed_forget
+            self.speed = f * self.speed + (1.0 - f) * seconds / shape
+        seconds /= self.speed
         bucket = rows_bucket(rows)
         self.observations[bucket] = self.observations.get(bucket, 0) + 1
         if tokens > rows:
@@ -223,7 +248,12 @@ class VerifierCost:
         return self.point_weight(rows, rows) + (0.0 if line is None else line.weight)
 
     def coefficients(self, rows: int) -> tuple[float, float] | None:
-        """(a, b) of the line used at this batch size; None before any data."""
+        """(a, b) of the line used at this batch size, in seconds at the current speed; None
+        before any data."""
+        coef = self._shape_coefficients(rows)
+        return None if coef is None else (self.speed * coef[0], self.speed * coef[1])
+
+    def _shape_coefficients(self, rows: int) -> tuple[float, float] | None:
         return self._memoised("coefficients", rows, self._coefficients)  # type: ignore[return-value]
 
     def _coefficients(self, rows: int) -> tuple[float, float] | None:
@@ -251,8 +281,10 @@ class VerifierCost:
     def row_cost(self, rows: int) -> float | None:
         """The verifier's marginal cost of one more row near this batch size, without drafts:
         the weighted least-squares slope of the draft-free steps' mean costs against their
-        batch size, over sizes rows / 2 .. 2 * rows (None with fewer than two sizes)."""
-        return self._memoised("row_cost", rows, self._row_cost)  # type: ignore[return-value]
+        batch size, over sizes rows / 2 .. 2 * rows (None with fewer than two sizes); seconds at
+        the current speed."""
+        cost = self._memoised("row_cost", rows, self._row_cost)
+        return None if cost is None else self.speed * cost
 
     def _row_cost(self, rows: int) -> float | None:
         data = []
@@ -281,16 +313,17 @@ class VerifierCost:
         else the line, never below this batch size's measured draft-free step plus the line's
         cost of the extra tokens: the line is shared by a bucket of batch sizes, and at the
         bucket's top (15 rows of a bucket fitted mostly at 8-12) it can price a step with
-        drafts below the same batch size's step without, which made drafts look free."""
+        drafts below the same batch size's step without, which made drafts look free. Seconds
+        at the current speed."""
         if self.point_weight(rows, tokens) >= POINT_WEIGHT:
-            return max(self.points[(rows, round(tokens))].mean, 1e-6)
-        coef = self.coefficients(rows)
+            return self.speed * max(self.points[(rows, round(tokens))].mean, 1e-6)
+        coef = self._shape_coefficients(rows)
         if coef is None:
             return None
         cost = coef[0] + coef[1] * tokens
         if tokens > rows and self.point_weight(rows, rows) >= POINT_WEIGHT:
             cost = max(cost, self.points[(rows, rows)].mean + coef[1] * (tokens - rows))
-        return max(cost, 1e-6)
+        return self.speed * max(cost, 1e-6)
 
 
 @dataclass
