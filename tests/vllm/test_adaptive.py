@@ -594,6 +594,9 @@ def test_a_length_measured_while_the_host_was_faster_does_not_look_cheaper():
     assert cost.predict(1, 3.0) / cost.predict(1, 6.0) == pytest.approx(30 / 31, rel=0.03)
     assert cost.predict(1, 6.0) == pytest.approx(1.3 * 0.031, rel=0.01)  # seconds, this speed
     assert cost.speed == pytest.approx(1.3, rel=0.03)
+    ctrl = AdaptiveDrafting(GAMMA)
+    ctrl.verifier = cost
+    assert ctrl.stats()["host_speed"] == cost.speed
     in_seconds = _drifting_host(VerifierCost(min_spread=16.0, speed_forget=1.0))
     assert in_seconds.predict(1, 3.0) / in_seconds.predict(1, 6.0) < 0.85
 

