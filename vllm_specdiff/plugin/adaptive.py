@@ -96,9 +96,9 @@ POINT_WEIGHT = 1.0
 # The host's speed (a step's cost over its shape, the costs measured relative to each other)
 # forgets this much per step measured at a well-known point: memory ~10 steps, short, so that a
 # slow phase moves the speed more than the cost of the length in use (most of its noise
-# cancels: every length's prediction is multiplied by the same speed; 0.8 lost ~1% more on the
-# noisy closed-loop simulations of tests/vllm/test_adaptive.py). On a shared host the same
-# batch-1 step's median over 60 steps ranged over 15% within 2 minutes
+# cancels: every length's prediction is multiplied by the same speed; with 0.8 one seed of the
+# noisy batch-1 closed-loop test in tests/vllm/test_adaptive.py fell below its bound). On a
+# shared host the same batch-1 step's median over 60 steps ranged over 15% within 2 minutes
 # (benchmarks/results/2026-12-04/cost_drift/), more than one draft length costs over another,
 # so a length measured in a fast phase looked cheaper than the one in use.
 SPEED_FORGET = 0.9
