@@ -15,7 +15,6 @@ because this spread exceeds what one draft length costs over another.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 
 from vllm_specdiff.provenance import provenance
 from vllm_specdiff_benchmarks import emit_report
-from vllm_specdiff_benchmarks.step_overhead import PROMPTS, engine
+from vllm_specdiff_benchmarks.step_overhead import chat_prompts, engine
 
 MIN_STEPS = 10  # steps of one token count in a window for its median to count in the spread
 
@@ -81,10 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                *(sys.argv[1:] if argv is None else argv)]
     costs = record_costs()
     llm = engine("specdiff2", max_num_seqs=1)
-    chats = [json.loads(line)["messages"] for line in PROMPTS.read_text().splitlines()]
+    chats = chat_prompts(args.prompts)
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     for _ in range(2):
-        llm.chat(chats[:args.prompts], params, use_tqdm=False)
+        llm.chat(chats, params, use_tqdm=False)
     table = windows(costs, args.window)
     report: dict[str, Any] = {
         "provenance": provenance(command), "batch_size": 1, "prompts": args.prompts,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import os
 import pstats
 import sys
@@ -26,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vllm_specdiff.prompts import read_jsonl
 from vllm_specdiff.provenance import provenance
 from vllm_specdiff_benchmarks import emit_report
 
@@ -58,6 +58,11 @@ def engine(setting: str, max_num_seqs: int = 16) -> Any:  # noqa: ANN401
     return LLM(**kwargs)
 
 
+def chat_prompts(count: int) -> list[Any]:
+    """The first `count` held-out chat prompts' messages."""
+    return [record["messages"] for record in read_jsonl(PROMPTS)][:count]
+
+
 def totals(stats: pstats.Stats, suffix: str, function: str) -> tuple[int, float]:
     """Calls and cumulative seconds of the profiled functions `function` in files ending in
     `suffix`."""
@@ -82,7 +87,7 @@ def run(setting: str, prompts: int, max_tokens: int) -> dict[str, Any]:
     llm = engine(setting)
     if setting == "specdiff2-vllm-sample":  # after start-up, which installs the plugin's fixes
         restore_vllm_sample()
-    chats = [json.loads(line)["messages"] for line in PROMPTS.read_text().splitlines()][:prompts]
+    chats = chat_prompts(prompts)
     params = SamplingParams(temperature=0, max_tokens=max_tokens)
     llm.chat(chats, params, use_tqdm=False)  # warm-up
     profile = cProfile.Profile()
