@@ -601,6 +601,16 @@ def test_a_length_measured_while_the_host_was_faster_does_not_look_cheaper():
     assert in_seconds.predict(1, 3.0) / in_seconds.predict(1, 6.0) < 0.85
 
 
+def test_steps_measured_at_zero_seconds_leave_the_speed_alone():
+    """A clock that did not move between two proposer calls gives 0 s steps: the point they
+    make has no shape to measure the speed against (it divided by zero)."""
+    cost = VerifierCost(min_spread=16.0)
+    for _ in range(3):
+        cost.add(1, 5.0, 0.0)
+    cost.add(1, 5.0, 0.030)
+    assert cost.speed == 1.0 and cost.predict(1, 5.0) > 0.0
+
+
 def test_each_batch_size_gets_its_own_cost_line():
     """After serving batch 16 (steep: no drafts), batch 1 (flat) is not judged by batch 16's
     line: it probes its own slope at once and drafts."""

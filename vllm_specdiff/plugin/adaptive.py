@@ -210,8 +210,9 @@ class VerifierCost:
         """One step; only steps with drafts (tokens > rows) shape the line, every step its
         own point (relative to the speed, which a well-known point's step updates first)."""
         self._memo.clear()
-        if self.point_weight(rows, tokens) >= POINT_WEIGHT:
-            shape = self.points[(rows, round(tokens))].mean
+        shape = self.points[(rows, round(tokens))].mean \
+            if self.point_weight(rows, tokens) >= POINT_WEIGHT else 0.0
+        if shape > 0.0:  # a point measured only at 0 s (a clock that did not move) has no shape
             f = self.speed_forget
             self.speed = f * self.speed + (1.0 - f) * seconds / shape
         seconds /= self.speed
