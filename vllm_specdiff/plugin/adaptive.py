@@ -98,7 +98,7 @@ POINT_WEIGHT = 1.0
 # slow phase moves the speed more than the cost of the length in use (most of its noise
 # cancels: every length's prediction is multiplied by the same speed; with 0.8 one seed of the
 # noisy batch-1 closed-loop test in tests/vllm/test_adaptive.py fell below its bound). On a
-# shared host the same batch-1 step's median over 60 steps ranged over 15% within 2 minutes
+# shared host the same batch-1 step's median over 60 steps ranged over 15% within ~900 steps
 # (benchmarks/results/2026-12-04/cost_drift/), more than one draft length costs over another,
 # so a length measured in a fast phase looked cheaper than the one in use.
 SPEED_FORGET = 0.9
