@@ -23,6 +23,7 @@ from vllm_specdiff.plugin import adaptive as adaptive_mod
 from vllm_specdiff.plugin.adaptive import (
     Acceptance,
     AdaptiveDrafting,
+    DraftingRuns,
     ForgettingLine,
     Plan,
     TailCredit,
@@ -397,6 +398,51 @@ def test_expected_tokens():
     assert expected_tokens([1.0] * 8, 8) == 9.0
 
 
+def test_drafting_runs_measure_how_long_the_drafter_keeps_being_called():
+    runs = DraftingRuns()
+    assert runs.length() == pytest.approx(adaptive_mod.PRIOR_RUN)  # no evidence yet
+    for _ in range(300):
+        runs.add(True)
+    assert runs.length() == adaptive_mod.MAX_RUN
+    for step in range(300):  # one drafter step, then one without: runs of one step
+        runs.add(step % 2 == 0)
+    assert runs.length() < 1.5
+    for _ in range(1000):  # no drafter step: the verdict fades back to the prior
+        runs.add(False)
+    assert runs.length() > 0.9 * adaptive_mod.PRIOR_RUN
+
+
+def test_a_catch_up_is_paid_by_a_lone_drafter_step_and_shared_by_a_run():
+    """Rows the drafter has not seen for a while (200 tokens each) make a drafter step dear;
+    when drafting runs on, the run's steps share that cost, when drafter steps come alone
+    (batch 16 on a CPU, steps without drafts between), each pays all of it."""
+    ctrl = AdaptiveDrafting(GAMMA)
+    _feed(ctrl, FLAT, DRAFTER, alpha=0.7, rows=16)
+    assert ctrl.best(16)[0] > 0  # steady state: drafting pays
+    ctrl.catch_up = 200.0
+    for _ in range(300):
+        ctrl.runs.add(True)
+    assert ctrl.best(16)[0] > 0  # long runs: the catch-up is spread thin
+    for step in range(300):
+        ctrl.runs.add(step % 2 == 0)
+    assert ctrl.best(16)[0] == 0  # lone drafter steps: each pays the whole catch-up
+    ctrl.catch_up = None  # negative control: without the catch-up the lone step looks cheap
+    assert ctrl.best(16)[0] > 0
+
+
+def test_probes_are_spaced_by_what_the_probe_row_must_catch_up_on():
+    def probes(probe_catch_up: float) -> int:
+        ctrl = AdaptiveDrafting(GAMMA)
+        _feed(ctrl, STEEP, DRAFTER, alpha=0.25, rows=16)
+        plans = [ctrl.plan(16, probe_catch_up=probe_catch_up) for _ in range(3000)]
+        assert all(p.gamma == 0 for p in plans)
+        return sum(1 for p in plans if p.probe_rows)
+
+    fresh, warm = probes(400.0), probes(2.0)
+    assert fresh < 0.7 * warm  # a row with 400 unseen tokens costs more to probe
+    assert fresh >= 3000 // adaptive_mod.MAX_PROBE_INTERVAL
+
+
 def test_tries_choose_between_no_draft_and_the_full_trie():
     ctrl = AdaptiveDrafting(GAMMA, full_tokens=16, chain_choices=False)
     _feed(ctrl, FLAT, DRAFTER, alpha=0.6, rows=1)
@@ -415,7 +461,7 @@ def _serve(rows: int, verifier: Cost, alpha: float, steps: int, fixed: int | Non
     for _ in range(steps):
         lengths = [GAMMA if fixed is None else fixed] * rows
         if fixed is None:
-            plan = ctrl.plan(rows)
+            plan = ctrl.plan(rows, catch_up=sum(since) / rows, probe_catch_up=min(since))
             lengths = [plan.gamma] * rows
             for i in sorted(range(rows), key=lambda i: since[i])[: plan.probe_rows]:
                 lengths[i] = plan.probe_gamma
@@ -697,7 +743,7 @@ def test_proposer_tells_the_controller_which_rows_are_at_the_back(tiny_drafter, 
     credits = []
 
     def plan(self: AdaptiveDrafting, rows: int, lookup_rows: int | None = None,
-             credit: TailCredit | None = None) -> Plan:
+             credit: TailCredit | None = None, *catch_up: float | None) -> Plan:
         credits.append(credit)
         return Plan(0)
 
@@ -713,6 +759,35 @@ def test_proposer_tells_the_controller_which_rows_are_at_the_back(tiny_drafter, 
         lengths = lengths + np.array([3, 1, 1])
     assert credits == [TailCredit(0.0, 3.0, 0, 3), TailCredit(0.0, 2.5, 0, 2),
                        TailCredit(0.0, 2.0, 0, 2)]
+
+
+def test_proposer_tells_the_controller_what_the_drafter_rows_must_catch_up_on(tiny_drafter,
+                                                                              monkeypatch):
+    """The mean context the drafter has not encoded per row, and the probe row's (the least):
+    a fresh row's whole context, one token a step for a row drafted last step."""
+    import numpy as np
+
+    from tests.vllm.test_options import _proposer
+
+    plans = iter([Plan(0), Plan(4), Plan(0)])
+    seen = []
+
+    def plan(self: AdaptiveDrafting, rows: int, lookup_rows: int | None = None,
+             credit: TailCredit | None = None, catch_up: float | None = None,
+             probe_catch_up: float | None = None) -> Plan:
+        seen.append((catch_up, probe_catch_up))
+        return next(plans)
+
+    monkeypatch.setattr(AdaptiveDrafting, "plan", plan)
+    proposer = _proposer(tiny_drafter, 256, gamma=4)
+    proposer.load_model(None)
+    tokens = np.random.default_rng(0).integers(5, 300, size=(3, 256))
+    lengths = np.array([10, 20, 30])
+    for _ in range(3):
+        proposer.propose([[int(tokens[r, lengths[r] - 1])] for r in range(3)], lengths.copy(),
+                         tokens)
+        lengths = lengths + 1
+    assert seen == [(20.0, 10), (21.0, 11), (1.0, 1)]
 
 
 def test_rows_with_identical_contexts_each_keep_their_step(tiny_drafter, monkeypatch):

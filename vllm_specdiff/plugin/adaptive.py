@@ -22,6 +22,10 @@ the step cost is nearly flat in tokens and full gamma pays whenever the drafter 
   shape drifts by more than one length costs over another, and a length measured in a fast
   phase looked cheaper than the one in use);
 - the drafter's cost per call as a line in the tokens it encodes (catch-up context + draft);
+  a row's catch-up beyond the steady state (the context the drafter has not seen: a new
+  request's prompt) is paid once per drafting run, so a plan counts it divided by the expected
+  run length (`DraftingRuns`): at batch 16 on a CPU drafter steps came alone between steps
+  without drafts, each encoding 16 rows' unseen context, priced as if in steady state;
 - per-position acceptance alpha_j = P(position j accepted | 1..j-1 accepted), from a Beta prior
   and the accepted lengths the proposer records.
 
@@ -117,6 +121,14 @@ DRAFT_MARGIN = 0.1
 # values tokens as a server would until rows are seen to leave without replacements.
 REFILL_FORGET = 0.95
 PRIOR_REFILLS = 1.0
+# A drafting run (consecutive steps that call the drafter) lasts 1 / (1 - p) steps, p the share
+# of drafter steps followed by another: measured, forgetting this much per step (so a verdict
+# of short runs fades and a run may start again), over a prior of p = 1 - 1 / PRIOR_RUN
+# (20 steps) worth PRIOR_RUN_WEIGHT observations; at most MAX_RUN steps.
+RUN_FORGET = 0.99
+PRIOR_RUN = 20.0
+PRIOR_RUN_WEIGHT = 2.0
+MAX_RUN = 100.0
 
 
 @dataclass
@@ -415,6 +427,33 @@ class Refills:
         return min(self.refilled / self.departed, 1.0) if self.departed > 0 else 1.0
 
 
+@dataclass
+class DraftingRuns:
+    """How many steps in a row the drafter is called once it is. A row's catch-up (the context
+    it was not drafted from: a new request's whole prompt) is encoded once per run, so a run's
+    steps share it: at batch 1 drafting runs on and a new prompt costs little per step; at
+    batch 16 on a CPU a drafter step between steps without drafts pays all of it."""
+
+    continued: float = 0.0  # drafter steps followed by another (forgetting per step)
+    seen: float = 0.0  # drafter steps followed by any step
+    last_called: bool = False
+
+    def add(self, calls_drafter: bool) -> None:
+        """One step's choice: whether it calls the drafter."""
+        self.continued *= RUN_FORGET
+        self.seen *= RUN_FORGET
+        if self.last_called:
+            self.continued += float(calls_drafter)
+            self.seen += 1.0
+        self.last_called = calls_drafter
+
+    def length(self) -> float:
+        """Expected steps of a drafting run (1 / (1 - p)), at most MAX_RUN."""
+        p = (self.continued + PRIOR_RUN_WEIGHT * (1.0 - 1.0 / PRIOR_RUN)) \
+            / (self.seen + PRIOR_RUN_WEIGHT)
+        return MAX_RUN if 1.0 - p <= 1.0 / MAX_RUN else 1.0 / (1.0 - p)
+
+
 def choose(rates: dict[int, float], rows: int, margin: float = DRAFT_MARGIN,
            has_drafts: bool = False) -> int:
     """The g with the highest rate (ties: the shorter draft); at batch > 1 a draft only if it
@@ -519,6 +558,11 @@ class AdaptiveDrafting:
         self.acceptance = Acceptance(gamma)
         self.lookup_acceptance = Acceptance(gamma) if lookup else None
         self.refills = Refills()
+        self.runs = DraftingRuns()
+        # this step's context tokens per drafter row not yet encoded by the drafter, and the
+        # probe row's (`plan`'s arguments; None: steady state, 1 + accepted tokens per row)
+        self.catch_up: float | None = None
+        self.probe_catch_up: float | None = None
         self.overhead = 0.0  # seconds of a proposer call that does not run the drafter
         self.steps = 0
         self.probes_done = 0
@@ -601,9 +645,14 @@ class AdaptiveDrafting:
         return cost
 
     def drafter_cost(self, rows: int, g: int, alphas: list[float]) -> float | None:
-        """Predicted drafter seconds when `rows` rows draft g, in steady state: each row encodes
-        its 1 + accepted new tokens plus the draft (None: not measured yet)."""
-        return self.drafter.predict(rows * (expected_tokens(alphas, g) + g))
+        """Predicted drafter seconds per step when `rows` rows draft g (None: not measured
+        yet). In steady state each row encodes its 1 + accepted new tokens plus the draft; a
+        row's catch-up beyond that (`catch_up`) is paid once per drafting run, so it counts
+        spread over the run's expected steps (`DraftingRuns`)."""
+        steady = expected_tokens(alphas, g)
+        per_row = steady if self.catch_up is None else \
+            steady + max(self.catch_up - steady, 0.0) / self.runs.length()
+        return self.drafter.predict(rows * (per_row + g))
 
     def extra_value(self, rows: int, credited: float = 1.0) -> float:
         """What a committed token beyond a row's first is worth, as a share of the step's
@@ -654,12 +703,16 @@ class AdaptiveDrafting:
         return choose(rates, rows, self.margin), rates
 
     def plan(self, rows: int, lookup_rows: int | None = None,
-             credit: TailCredit | None = None) -> Plan:
+             credit: TailCredit | None = None, catch_up: float | None = None,
+             probe_catch_up: float | None = None) -> Plan:
         """This step's plan for `rows` decode rows: the best g, or a probe when one is due;
         `lookup_rows` of them have a prompt-lookup match (None: every row, for lookup's length;
         the drafter's choice assumes every row drafts with the drafter); `credit`: which rows
-        are at the back of the batch (None: all of them)."""
+        are at the back of the batch (None: all of them); `catch_up`: mean context tokens the
+        drafter would encode per drafter row before drafting, `probe_catch_up`: the probe
+        row's (None: steady state)."""
         self.steps += 1
+        self.catch_up, self.probe_catch_up = catch_up, probe_catch_up
         # the drafter's plan has every row draft alike (None: every row at the back)
         self.last_credited = 1.0 if credit is None else credit.share(1.0, 1.0, rows, rows)
         g, rates = self.best(rows, self.last_credited)
@@ -683,6 +736,7 @@ class AdaptiveDrafting:
             self.lookup_histogram[plan.lookup_gamma] += 1
         if not plan.calls_drafter:
             self.no_draft_steps += 1
+        self.runs.add(g > 0)  # the choice, not a probe (probes are not runs)
         return plan
 
     def lookup_length(self, rows: int, lookup_rows: int | None = None,
@@ -754,8 +808,10 @@ class AdaptiveDrafting:
         others = rows - plan.probe_rows
         verify = self.verifier.predict(rows, others * (1.0 + self.draft_tokens(g))
                                        + plan.probe_rows * (1.0 + self.full_tokens))
-        # a probe row has not been drafted for about a probe interval when g = 0
-        catch_up = self.probe_interval if g == 0 else expected_tokens(alphas, g)
+        # the probe row's own catch-up; else: when g = 0 it was last drafted about a probe
+        # interval ago
+        catch_up = self.probe_catch_up if self.probe_catch_up is not None else \
+            self.probe_interval if g == 0 else expected_tokens(alphas, g)
         encoded = plan.probe_rows * (catch_up + self.gamma)
         if g > 0:
             encoded += others * (expected_tokens(alphas, g) + g)
@@ -804,6 +860,7 @@ class AdaptiveDrafting:
             "drafter_ms": None if da is None else
             {"intercept": 1000.0 * da[0], "per_token": 1000.0 * da[1]},
             "host_speed": self.verifier.speed,
+            "drafting_run_steps": self.runs.length(),
             "acceptance_estimate": self.acceptance.alphas(),
             "refill_ratio": self.refill_ratio(),
             "extra_token_value": self.extra_value(self.last_rows, self.last_credited),

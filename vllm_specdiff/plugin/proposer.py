@@ -349,29 +349,33 @@ class SpecDiffProposer:
             self.adaptive.observe_verifier(len(decoded), verified, start - self._last_end)
         credit = TailCredit.of([int(row.context.shape[0]) - row.start for row in decoded],
                                [row.index in found for row in decoded], slack=self.gamma)
-        plan = self._rank0_plan(len(decoded), len(found), credit)
+        # the drafter rows' context not yet encoded; a probe takes the rows it saw last
+        drafter_rows = [j for j, row in enumerate(decoded) if row.index not in found]
+        encoded = {j: self._encoded(decoded[j]) for j in drafter_rows}
+        order = sorted(drafter_rows, key=lambda j: (rooms[j] == 0, encoded[j], j))
+        catch_up = sum(encoded.values()) / len(encoded) if encoded else None
+        plan = self._rank0_plan(len(decoded), len(found), credit, catch_up,
+                                encoded[order[0]] if order else None)
         lookup_gamma = plan.gamma if plan.lookup_gamma is None else plan.lookup_gamma
         lengths = [min(room, lookup_gamma if row.index in found else plan.gamma)
                    for row, room in zip(decoded, rooms, strict=True)]
-        # probe the drafter rows it saw last: the least context to catch up on
-        order = sorted((j for j, row in enumerate(decoded) if row.index not in found),
-                       key=lambda j: (rooms[j] == 0, self._encoded(decoded[j]), j))
         for j in order[: plan.probe_rows]:
             lengths[j] = min(rooms[j], plan.probe_gamma)
         return lengths
 
-    def _rank0_plan(self, rows: int, lookup_rows: int, credit: TailCredit) -> Plan:
+    def _rank0_plan(self, rows: int, lookup_rows: int, credit: TailCredit,
+                    catch_up: float | None, probe_catch_up: int | None) -> Plan:
         """The controller's plan; with tensor parallelism, rank 0's (the rank whose drafts vLLM
         keeps) for every rank, so all ranks draft the same tokens from the same inputs (their
         timings differ) and tries (K > 1) stay the same on every rank."""
         assert self.adaptive is not None
+        args = (rows, lookup_rows, credit, catch_up, probe_catch_up)
         if self.tp_size == 1:
-            return self.adaptive.plan(rows, lookup_rows, credit)
+            return self.adaptive.plan(*args)
         from vllm.distributed import get_tp_group
 
         group = get_tp_group()
-        plan = self.adaptive.plan(rows, lookup_rows, credit) if group.rank_in_group == 0 \
-            else None
+        plan = self.adaptive.plan(*args) if group.rank_in_group == 0 else None
         return group.broadcast_object(plan, src=0)
 
     def _encoded(self, row: _Row) -> int:
