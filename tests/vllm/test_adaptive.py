@@ -901,7 +901,7 @@ def _cycling_plans(pattern: list[Plan]) -> Callable:
     state = {"step": 0}
 
     def plan(self: AdaptiveDrafting, rows: int, lookup_rows: int | None = None,
-             credit: TailCredit | None = None) -> Plan:
+             credit: TailCredit | None = None, *catch_up: float | None) -> Plan:
         state["step"] += 1
         return pattern[state["step"] % len(pattern)]
 
