@@ -733,12 +733,24 @@ def test_proposer_feeds_the_controller_and_skips_the_drafter(tiny_drafter, monke
     assert proposer.get_stats()["verify_steps"] == 4  # the drafted rows of steps 1 and 4
 
 
+def _three_rows_planned_by(plan: Callable, tiny_drafter, monkeypatch) -> tuple:
+    """A proposer (gamma 4) whose controller plans with `plan`, and three rows' token array and
+    committed lengths (10, 20, 30) to call it with."""
+    import numpy as np
+
+    from tests.vllm.test_options import _proposer
+
+    monkeypatch.setattr(AdaptiveDrafting, "plan", plan)
+    proposer = _proposer(tiny_drafter, 256, gamma=4)
+    proposer.load_model(None)
+    tokens = np.random.default_rng(0).integers(5, 300, size=(3, 256))
+    return proposer, tokens, np.array([10, 20, 30])
+
+
 def test_proposer_tells_the_controller_which_rows_are_at_the_back(tiny_drafter, monkeypatch):
     """Each row's progress counts from the step its request arrived: a row committing three
     tokens a step pulls ahead of two committing one and loses its `TailCredit` at gamma ahead."""
     import numpy as np
-
-    from tests.vllm.test_options import _proposer
 
     credits = []
 
@@ -747,11 +759,7 @@ def test_proposer_tells_the_controller_which_rows_are_at_the_back(tiny_drafter, 
         credits.append(credit)
         return Plan(0)
 
-    monkeypatch.setattr(AdaptiveDrafting, "plan", plan)
-    proposer = _proposer(tiny_drafter, 256, gamma=4)
-    proposer.load_model(None)
-    tokens = np.random.default_rng(0).integers(5, 300, size=(3, 256))
-    lengths = np.array([10, 20, 30])
+    proposer, tokens, lengths = _three_rows_planned_by(plan, tiny_drafter, monkeypatch)
     for step in range(3):
         sampled = [3 if r == 0 and step else 1 for r in range(3)]
         proposer.propose([[int(t) for t in tokens[r, lengths[r] - sampled[r]:lengths[r]]]
@@ -765,10 +773,6 @@ def test_proposer_tells_the_controller_what_the_drafter_rows_must_catch_up_on(ti
                                                                               monkeypatch):
     """The mean context the drafter has not encoded per row, and the probe row's (the least):
     a fresh row's whole context, one token a step for a row drafted last step."""
-    import numpy as np
-
-    from tests.vllm.test_options import _proposer
-
     plans = iter([Plan(0), Plan(4), Plan(0)])
     seen = []
 
@@ -778,11 +782,7 @@ def test_proposer_tells_the_controller_what_the_drafter_rows_must_catch_up_on(ti
         seen.append((catch_up, probe_catch_up))
         return next(plans)
 
-    monkeypatch.setattr(AdaptiveDrafting, "plan", plan)
-    proposer = _proposer(tiny_drafter, 256, gamma=4)
-    proposer.load_model(None)
-    tokens = np.random.default_rng(0).integers(5, 300, size=(3, 256))
-    lengths = np.array([10, 20, 30])
+    proposer, tokens, lengths = _three_rows_planned_by(plan, tiny_drafter, monkeypatch)
     for _ in range(3):
         proposer.propose([[int(tokens[r, lengths[r] - 1])] for r in range(3)], lengths.copy(),
                          tokens)
