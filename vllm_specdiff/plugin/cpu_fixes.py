@@ -33,7 +33,7 @@ KERNEL_PARAMS = ("output_ptr", "input_ptr", "cu_num_tokens_ptr", "replace_from",
 _LAYOUT_ERRORS = (ImportError, AttributeError, KeyError, TypeError, ValueError, RuntimeError)
 
 _log = logging.getLogger("vllm.specdiff")  # under "vllm", so vLLM's log handlers print it
-# vLLM's own fallback, kept when the fix replaces it (restore_vllm_expand_kernel puts it back).
+# vLLM's own fallback, kept when the fix replaces it.
 _replaced: dict[str, Callable[..., Any]] = {}
 
 
@@ -117,15 +117,3 @@ def _install_if_broken() -> bool:
         dispatcher.register_kernels({KERNEL: expand_any_dtype})
     return needed
 
-
-def restore_vllm_expand_kernel() -> bool:
-    """Put vLLM's own fallback back (the tests' negative control); True if there was one."""
-    original = _replaced.pop(KERNEL, None)
-    if original is None:
-        return False
-    from vllm.triton_utils import dispatcher
-    from vllm.utils import cpu_triton_utils
-
-    cpu_triton_utils._expand_kernel_impl = original
-    dispatcher.register_kernels({KERNEL: original})
-    return True
