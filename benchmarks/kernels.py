@@ -1,7 +1,7 @@
 """Time the self-selection kernels against their plain-torch alternatives.
 
     python -m vllm_specdiff_benchmarks.kernels [--device cuda|cpu] [--peak-gbps 4800]
-        [--output table.md]
+        [--output table.md] [--json rows.json]
 
 On CUDA it times, per shape:
   tree attention   Triton kernel (paged prefix + bitmask) vs torch SDPA with a dense boolean
@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
@@ -39,10 +42,13 @@ from vllm_specdiff.core.tree import TokenTree, build_token_tree
 from vllm_specdiff.plugin.tree_attention import TreeBatchContext, TreeRequest
 from vllm_specdiff.plugin.tree_attention_cuda import CudaTreeMaskForward, PagedKVLayout
 from vllm_specdiff.plugin.trie import build_request_trie
+from vllm_specdiff.provenance import provenance
+from vllm_specdiff_benchmarks import emit_report
 from vllm_specdiff_kernels.dispatch import TREE_ATTENTION_KERNEL
 from vllm_specdiff_kernels.tree_attention_ref import tree_attention_torch
 from vllm_specdiff_kernels.tree_mask import tree_mask_from_parents
 
+MODULE = "vllm_specdiff_benchmarks.kernels"
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -393,6 +399,13 @@ def _where(device: torch.device, triton: bool) -> str:
     return " (CPU interpreter)" if triton else " (CPU)"
 
 
+def row_record(row: Row, peak_gbps: float | None) -> dict[str, object]:
+    """One row as the JSON report holds it (the table's columns, unrounded)."""
+    gbps = row.nbytes / row.seconds / 1e9
+    return {**dataclasses.asdict(row), "microseconds": row.seconds * 1e6, "gbps": gbps,
+            "percent_of_peak": 100 * gbps / peak_gbps if peak_gbps else None}
+
+
 def format_table(rows: list[Row], peak_gbps: float | None, header: str) -> str:
     lines = [header, "",
              "| kernel | shape | implementation | time (us) | GB/s | % peak | max abs diff |",
@@ -416,6 +429,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "CUDA = H200 HBM3e; none on CPU)")
     parser.add_argument("--repeats", type=int, default=20, help="timed calls per measurement")
     parser.add_argument("--output", default=None, help="also write the Markdown table here")
+    parser.add_argument("--json", type=Path, default=None,
+                        help="also write every row (with GB/s) and the run's provenance here")
     return parser.parse_args(argv)
 
 
@@ -447,6 +462,10 @@ def main(argv: list[str] | None = None) -> str:
     if args.output:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(table)
+    if args.json:
+        emit_report({"provenance": provenance(["python", "-m", MODULE, *(argv or sys.argv[1:])]),
+                     "device": name, "dtype": args.dtype, "peak_gbps": peak,
+                     "rows": [row_record(r, peak) for r in rows]}, args.json)
     check_wrapper_rows(rows, dtype)
     return table
 

@@ -1,6 +1,8 @@
 """benchmarks/kernels.py (`vllm_specdiff_benchmarks.kernels`) runs on CPU (torch paths only)
 and its baselines agree."""
 
+import json
+
 import pytest
 import torch
 
@@ -19,8 +21,14 @@ pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array:Deprecati
 def test_cpu_benchmark_writes_a_table(tmp_path):
     out = tmp_path / "kernels.md"
     table = main(["--device", "cpu", "--dtype", "float32", "--repeats", "1",
-                  "--output", str(out)])
+                  "--output", str(out), "--json", str(tmp_path / "kernels.json")])
     assert out.read_text() == table
+    report = json.loads((tmp_path / "kernels.json").read_text())
+    assert report["provenance"]["command"].endswith("--json " + str(tmp_path / "kernels.json"))
+    assert [r["impl"] for r in report["rows"]] == [
+        line.split("|")[3].strip() for line in table.splitlines()
+        if line.startswith(("| tree", "| draft"))]
+    assert all(r["gbps"] > 0 and r["percent_of_peak"] is None for r in report["rows"])
     rows = [line for line in table.splitlines() if line.startswith("| tree") or
             line.startswith("| draft")]
     impls = [row.split("|")[3].strip() for row in rows]
