@@ -24,7 +24,6 @@ batch 1 and 16, contexts growing by 4 tokens per call as in serving.
 from __future__ import annotations
 
 import argparse
-import itertools
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,13 @@ from vllm_specdiff.core.scoring import score_drafts
 from vllm_specdiff.drafter.block_causal import BlockCausalDrafter
 from vllm_specdiff.drafter.loading import load_drafter
 from vllm_specdiff.provenance import provenance
-from vllm_specdiff.reference import ReferenceDecoder, plain_generate
+from vllm_specdiff.reference import (
+    ReferenceDecoder,
+    chi_square_pvalue,
+    exact_first_three,
+    first_three_counts,
+    plain_generate,
+)
 from vllm_specdiff_benchmarks import emit_report
 from vllm_specdiff_benchmarks.kernels import kernel_backend, random_tree
 
@@ -99,51 +104,17 @@ def greedy_checks(verifier: torch.nn.Module, drafter: torch.nn.Module) -> list[d
     return rows
 
 
-def exact_first_three(verifier: torch.nn.Module, temperature: float = 1.0) -> torch.Tensor:
-    """p(x1, x2, x3 | prompt) for all V**3 continuations, from one batched verifier forward."""
-    device = next(verifier.parameters()).device
-    seqs = torch.tensor([PROMPT + list(c) for c in itertools.product(range(V), repeat=2)],
-                        device=device)
-    with torch.no_grad():
-        logp = (verifier(input_ids=seqs).logits.double() / temperature).log_softmax(-1).cpu()
-    p = len(PROMPT)
-    first = logp[0, p - 1]
-    second = logp[::V, p].view(V, V)
-    third = logp[:, p + 1].view(V, V, V)
-    return (first.view(V, 1, 1) + second.view(V, V, 1) + third).exp().reshape(-1)
-
-
-def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
-    """Pearson's test, cells expected below 5 pooled into one."""
-    expected = probs * counts.sum()
-    keep = expected >= 5
-    obs, exp = counts[keep], expected[keep]
-    if not keep.all():
-        obs = torch.cat([obs, counts[~keep].sum().view(1)])
-        exp = torch.cat([exp, expected[~keep].sum().view(1)])
-    stat = ((obs - exp) ** 2 / exp).sum()
-    dof = torch.tensor((obs.numel() - 1) / 2, dtype=torch.float64)
-    return float(torch.special.gammaincc(dof, stat / 2))
-
-
 def sample_counts(verifier: torch.nn.Module, drafter: torch.nn.Module, rule: str,
                   temperature: float, trials: int) -> tuple[torch.Tensor, int]:
     decoder = ReferenceDecoder(verifier, drafter_fn(drafter), gamma=2, num_drafts=3, rule=rule,
                                temperature=temperature, drafter_temperature=1.0)
     gen = torch.Generator(device=next(verifier.parameters()).device).manual_seed(11)
-    counts = torch.zeros(V ** 3, dtype=torch.float64)
-    accepted = 0
-    for _ in range(trials):
-        result = decoder.generate(PROMPT, 3, generator=gen)
-        a, b, c = result.tokens
-        counts[(a * V + b) * V + c] += 1
-        accepted += result.stats.accepted_tokens
-    return counts, accepted
+    return first_three_counts(decoder, PROMPT, trials, gen)
 
 
 def sampled_checks(verifier: torch.nn.Module, drafter: torch.nn.Module, trials: int
                    ) -> list[dict[str, Any]]:
-    exact = exact_first_three(verifier)
+    exact = exact_first_three(verifier, PROMPT)
     rows = []
     for rule in ("point-mass", "tree"):
         counts, accepted = sample_counts(verifier, drafter, rule, 1.0, trials)

@@ -1,15 +1,11 @@
 """benchmarks/cuda_paths.py (`vllm_specdiff_benchmarks.cuda_paths`) on CPU: the harness that runs
-the core and the drafter on a GPU works, its statistics agree with scipy, and its negative
-control fails as it must."""
+the core and the drafter on a GPU works, and its negative control fails as it must."""
 
 import json
 import subprocess
 from pathlib import Path
 
-import torch
-from scipy.stats import chisquare
-
-from vllm_specdiff_benchmarks.cuda_paths import chi_square_pvalue, main
+from vllm_specdiff_benchmarks.cuda_paths import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,21 +27,6 @@ def test_cpu_run_passes_every_check_and_writes_the_report(tmp_path):
     assert [t["batch"] for t in report["timing"]] == [1, 16]
     assert all(t["median_ms"] > 0 for t in report["timing"])
     assert report["provenance"]["command"].startswith("python -m vllm_specdiff_benchmarks")
-
-
-def test_chi_square_matches_scipy_with_pooled_cells():
-    gen = torch.Generator().manual_seed(0)
-    probs = torch.rand(50, generator=gen, dtype=torch.float64)
-    probs /= probs.sum()
-    counts = torch.multinomial(probs.float(), 300, replacement=True,
-                               generator=gen).bincount(minlength=50).double()
-    expected = probs * counts.sum()
-    keep = expected >= 5
-    assert not keep.all()  # some cells are pooled
-    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
-    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
-    want = chisquare(obs.numpy(), exp.numpy()).pvalue
-    assert abs(chi_square_pvalue(counts, probs) - want) < 1e-9
 
 
 def test_gpu_check_script_parses():

@@ -7,6 +7,7 @@ integration is checked against this loop and training evaluation reuses it.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -183,3 +184,51 @@ def plain_generate(verifier: torch.nn.Module, prompt_ids: torch.Tensor | list[in
             break
         context = torch.cat([context, torch.tensor([[token]], device=device)], dim=1)
     return tokens
+
+
+@torch.no_grad()
+def exact_first_three(verifier: torch.nn.Module, prompt_ids: list[int],
+                      temperature: float = 1.0) -> torch.Tensor:
+    """p(x1, x2, x3 | prompt) at `temperature` for all V**3 continuations (float64 [V**3],
+    index (x1 * V + x2) * V + x3), from one batched forward: what sampled output is tested
+    against. Only for tiny vocabularies (V**2 sequences)."""
+    v = _verifier_vocab(verifier)
+    device = next(verifier.parameters()).device
+    seqs = torch.tensor([prompt_ids + list(c) for c in itertools.product(range(v), repeat=2)],
+                        device=device)
+    logp = (verifier(input_ids=seqs).logits.double() / temperature).log_softmax(-1).cpu()
+    p = len(prompt_ids)
+    first = logp[0, p - 1]                 # [V]
+    second = logp[::v, p].view(v, v)       # rows x1 (x2 irrelevant for this slice)
+    third = logp[:, p + 1].view(v, v, v)   # [x1, x2, x3]
+    return (first.view(v, 1, 1) + second.view(v, v, 1) + third).exp().reshape(-1)
+
+
+def first_three_counts(decoder: ReferenceDecoder, prompt_ids: list[int], trials: int,
+                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, int]:
+    """How often each first three tokens came out in `trials` generations (float64 [V**3],
+    indexed as `exact_first_three`), and the draft tokens accepted in all of them."""
+    v = decoder.vocab_size
+    counts = torch.zeros(v ** 3, dtype=torch.float64)
+    accepted = 0
+    for _ in range(trials):
+        result = decoder.generate(prompt_ids, 3, generator=generator)
+        a, b, c = result.tokens
+        counts[(a * v + b) * v + c] += 1
+        accepted += result.stats.accepted_tokens
+    return counts, accepted
+
+
+def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    """Pearson's goodness-of-fit p-value of `counts` against `probs`, the cells expected below 5
+    pooled into one (scipy's chisquare on the pooled cells, without scipy); `probs` is
+    renormalised (a float32 joint sums to 1 only within ~1e-6)."""
+    expected = probs.double() / probs.double().sum() * counts.sum()
+    keep = expected >= 5
+    obs, exp = counts.double()[keep], expected[keep]
+    if not keep.all():
+        obs = torch.cat([obs, counts.double()[~keep].sum().view(1)])
+        exp = torch.cat([exp, expected[~keep].sum().view(1)])
+    stat = ((obs - exp) ** 2 / exp).sum()
+    dof = torch.tensor((obs.numel() - 1) / 2, dtype=torch.float64)
+    return float(torch.special.gammaincc(dof, stat / 2))

@@ -1,13 +1,18 @@
 """The reference decoder against plain decoding with tiny random models (vocabulary 8)."""
 
-import itertools
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
 from tests.conftest import make_tiny_llama
-from vllm_specdiff.reference import ReferenceDecoder, plain_generate
+from vllm_specdiff.reference import (
+    ReferenceDecoder,
+    chi_square_pvalue,
+    exact_first_three,
+    first_three_counts,
+    plain_generate,
+)
 
 V = 8
 PROMPT = [1, 5, 2]
@@ -56,46 +61,38 @@ def test_greedy_is_token_identical(gamma, num_drafts, rule):
     assert result.stats.accepted_tokens > 0
 
 
-def _exact_first_three(verifier) -> torch.Tensor:
-    """p(x1, x2, x3 | prompt) for all V^3 continuations, from batched verifier forwards."""
-    seqs = torch.tensor([PROMPT + list(c) for c in itertools.product(range(V), repeat=2)])
-    with torch.no_grad():
-        logp = verifier(input_ids=seqs).logits.float().log_softmax(-1)
-    p = len(PROMPT)
-    first = logp[0, p - 1]                      # [V]
-    second = logp[::V, p].view(V, V)            # rows x1 (x2 irrelevant for this slice)
-    third = logp[:, p + 1].view(V, V, V)        # [x1, x2, x3]
-    joint = first.view(V, 1, 1) + second.view(V, V, 1) + third
-    return joint.exp().reshape(-1)
-
-
 def test_sampled_first_three_tokens_match_plain_sampling():
     """Chi-square (p > 1e-3) of 2000 speculative samples against the verifier's exact joint."""
     verifier = make_tiny_llama(V, seed=2, logit_scale=10.0)
-    exact = _exact_first_three(verifier).double()
+    exact = exact_first_three(verifier, PROMPT)
     decoder = ReferenceDecoder(verifier, table_drafter(3), gamma=2, num_drafts=3,
                                temperature=1.0, drafter_temperature=1.0)
-    gen = torch.Generator().manual_seed(11)
     trials = 2000
-    counts = torch.zeros(V ** 3, dtype=torch.float64)
-    accepted = 0
-    for _ in range(trials):
-        result = decoder.generate(PROMPT, 3, generator=gen)
-        a, b, c = result.tokens
-        counts[(a * V + b) * V + c] += 1
-        accepted += result.stats.accepted_tokens
-    expected = exact * trials
-    keep = expected >= 5
-    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
-    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
-    pvalue = float(chisquare(obs.numpy(), (exp * obs.sum() / exp.sum()).numpy()).pvalue)
+    counts, accepted = first_three_counts(decoder, PROMPT, trials,
+                                          torch.Generator().manual_seed(11))
+    pvalue = chi_square_pvalue(counts, exact)
     assert pvalue > 1e-3, f"p-value {pvalue:.2e}"
     assert accepted > trials // 4  # drafts really were accepted
 
 
 def test_exact_joint_sums_to_one():
-    assert torch.isclose(_exact_first_three(make_tiny_llama(V, seed=2)).sum(), torch.tensor(1.0),
-                         atol=1e-4)
+    joint = exact_first_three(make_tiny_llama(V, seed=2), PROMPT)
+    assert torch.isclose(joint.sum(), torch.tensor(1.0, dtype=torch.float64), atol=1e-4)
+
+
+def test_chi_square_matches_scipy_with_pooled_cells():
+    gen = torch.Generator().manual_seed(0)
+    probs = torch.rand(50, generator=gen, dtype=torch.float64)
+    probs /= probs.sum()
+    counts = torch.multinomial(probs.float(), 300, replacement=True,
+                               generator=gen).bincount(minlength=50).double()
+    expected = probs * counts.sum()
+    keep = expected >= 5
+    assert not keep.all()  # some cells are pooled
+    obs = torch.cat([counts[keep], counts[~keep].sum().view(1)])
+    exp = torch.cat([expected[keep], expected[~keep].sum().view(1)])
+    assert chi_square_pvalue(counts, probs) == pytest.approx(chisquare(obs.numpy(),
+                                                                       exp.numpy()).pvalue)
 
 
 def test_bad_configuration_is_rejected():
