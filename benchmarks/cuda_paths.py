@@ -35,10 +35,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from vllm_specdiff.core.scoring import score_drafts
+from vllm_specdiff.drafter.base import Drafter
 from vllm_specdiff.drafter.block_causal import BlockCausalDrafter
 from vllm_specdiff.drafter.loading import load_drafter
 from vllm_specdiff.provenance import provenance
 from vllm_specdiff.reference import (
+    DrafterFn,
     ReferenceDecoder,
     chi_square_pvalue,
     exact_first_three,
@@ -83,15 +85,17 @@ def save_block_causal(verifier: torch.nn.Module, directory: Path, num_layers: in
     return directory / "drafter"
 
 
-def drafter_fn(drafter: torch.nn.Module):  # noqa: ANN201 (a DrafterFn)
+def drafter_fn(drafter: Drafter) -> DrafterFn:
+    """The reference decoder's drafter: one context, logits [gamma, V]."""
     return lambda context, gamma: drafter.draft_logits([context], gamma)[0]
 
 
 def check(name: str, passed: bool, **figures: Any) -> dict[str, Any]:
+    """One check's row of the report."""
     return {"check": name, "passed": bool(passed), **figures}
 
 
-def greedy_checks(verifier: torch.nn.Module, drafter: torch.nn.Module) -> list[dict[str, Any]]:
+def greedy_checks(verifier: torch.nn.Module, drafter: Drafter) -> list[dict[str, Any]]:
     expected = plain_generate(verifier, PROMPT, 40)
     rows = []
     for num_drafts, rule in ((1, "point-mass"), (4, "point-mass"), (4, "tree")):
@@ -104,15 +108,16 @@ def greedy_checks(verifier: torch.nn.Module, drafter: torch.nn.Module) -> list[d
     return rows
 
 
-def sample_counts(verifier: torch.nn.Module, drafter: torch.nn.Module, rule: str,
+def sample_counts(verifier: torch.nn.Module, drafter: Drafter, rule: str,
                   temperature: float, trials: int) -> tuple[torch.Tensor, int]:
+    """First three tokens of `trials` speculative generations (K = 3, gamma 2)."""
     decoder = ReferenceDecoder(verifier, drafter_fn(drafter), gamma=2, num_drafts=3, rule=rule,
                                temperature=temperature, drafter_temperature=1.0)
     gen = torch.Generator(device=next(verifier.parameters()).device).manual_seed(11)
     return first_three_counts(decoder, PROMPT, trials, gen)
 
 
-def sampled_checks(verifier: torch.nn.Module, drafter: torch.nn.Module, trials: int
+def sampled_checks(verifier: torch.nn.Module, drafter: Drafter, trials: int
                    ) -> list[dict[str, Any]]:
     exact = exact_first_three(verifier, PROMPT)
     rows = []
@@ -129,6 +134,7 @@ def sampled_checks(verifier: torch.nn.Module, drafter: torch.nn.Module, trials: 
 
 
 def scoring_check(device: torch.device) -> dict[str, Any]:
+    """Greedy and sampled rows of one batch scored through the dispatch and through torch."""
     tree = random_tree(4, 4, 8, 1000, device, seed=3)
     gen = torch.Generator(device=device).manual_seed(3)
     logits = torch.randn(tree.num_nodes, 1000, generator=gen, device=device) * 3
@@ -143,8 +149,9 @@ def scoring_check(device: torch.device) -> dict[str, Any]:
                  and torch.equal(got.selected, want.selected), max_abs_diff=diff)
 
 
-def drafter_check(drafter: torch.nn.Module, cpu_drafter: torch.nn.Module,
+def drafter_check(drafter: Drafter, cpu_drafter: Drafter,
                   device: torch.device) -> dict[str, Any]:
+    """Two contexts of different lengths (a ragged batch) drafted on the device and on CPU."""
     contexts = [torch.tensor(PROMPT + [3, 4, 0, 7]), torch.tensor([6, 2])]
     got = drafter.draft_logits([c.to(device) for c in contexts], 5).cpu()
     want = cpu_drafter.draft_logits(contexts, 5)
@@ -194,7 +201,9 @@ def _synchronize(device: torch.device) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="where every tensor lives (default: cuda when available; cpu "
+                             "checks the harness)")
     parser.add_argument("--trials", type=int, default=2000,
                         help="speculative samples per chi-square test")
     parser.add_argument("--timing-calls", type=int, default=30,
@@ -204,6 +213,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -220,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   scoring_check(device), drafter_check(drafter, cpu_drafter, device)]
         timing = default_shape_timing(device, Path(tmp) / "default_shape",
                                       args.timing_calls) if args.timing_calls else []
-    report = {"provenance": provenance(["python", "-m", MODULE, *(argv or sys.argv[1:])]),
+    report = {"provenance": provenance(["python", "-m", MODULE, *argv]),
               "device": str(device), "checks": checks, "timing": timing,
               "passed": all(c["passed"] for c in checks)}
     emit_report(report, args.json)

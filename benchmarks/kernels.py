@@ -435,6 +435,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> str:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -463,7 +464,7 @@ def main(argv: list[str] | None = None) -> str:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(table)
     if args.json:
-        emit_report({"provenance": provenance(["python", "-m", MODULE, *(argv or sys.argv[1:])]),
+        emit_report({"provenance": provenance(["python", "-m", MODULE, *argv]),
                      "device": name, "dtype": args.dtype, "peak_gbps": peak,
                      "rows": [row_record(r, peak) for r in rows]}, args.json)
     check_wrapper_rows(rows, dtype)
