@@ -229,6 +229,9 @@ def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     if not keep.all():
         obs = torch.cat([obs, counts.double()[~keep].sum().view(1)])
         exp = torch.cat([exp, expected[~keep].sum().view(1)])
+    if obs.numel() < 2:
+        raise ValueError(f"too few counts ({int(counts.sum())}) for a chi-square test: no cell "
+                         "is expected 5 times or more")
     stat = ((obs - exp) ** 2 / exp).sum()
     dof = torch.tensor((obs.numel() - 1) / 2, dtype=torch.float64)
     return float(torch.special.gammaincc(dof, stat / 2))

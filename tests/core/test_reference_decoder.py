@@ -80,6 +80,13 @@ def test_exact_joint_sums_to_one():
     assert torch.isclose(joint.sum(), torch.tensor(1.0, dtype=torch.float64), atol=1e-4)
 
 
+def test_chi_square_refuses_counts_too_few_for_the_test():
+    probs = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    assert chi_square_pvalue(torch.tensor([5.0, 3.0, 2.0]), probs) == 1.0  # two cells: a test
+    with pytest.raises(ValueError, match="too few counts"):
+        chi_square_pvalue(torch.tensor([3.0, 1.0, 0.0]), probs)  # one pooled cell: none
+
+
 def test_chi_square_matches_scipy_with_pooled_cells():
     gen = torch.Generator().manual_seed(0)
     probs = torch.rand(50, generator=gen, dtype=torch.float64)
