@@ -1,6 +1,5 @@
 """The reference decoder against plain decoding with tiny random models (vocabulary 8)."""
 
-
 import pytest
 import torch
 from scipy.stats import chisquare
