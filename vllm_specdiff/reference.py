@@ -187,16 +187,15 @@ def plain_generate(verifier: torch.nn.Module, prompt_ids: torch.Tensor | list[in
 
 
 @torch.no_grad()
-def exact_first_three(verifier: torch.nn.Module, prompt_ids: list[int],
-                      temperature: float = 1.0) -> torch.Tensor:
-    """p(x1, x2, x3 | prompt) at `temperature` for all V**3 continuations (float64 [V**3],
+def exact_first_three(verifier: torch.nn.Module, prompt_ids: list[int]) -> torch.Tensor:
+    """p(x1, x2, x3 | prompt) at temperature 1 for all V**3 continuations (float64 [V**3],
     index (x1 * V + x2) * V + x3), from one batched forward: what sampled output is tested
     against. Only for tiny vocabularies (V**2 sequences)."""
     v = _verifier_vocab(verifier)
     device = next(verifier.parameters()).device
     seqs = torch.tensor([prompt_ids + list(c) for c in itertools.product(range(v), repeat=2)],
                         device=device)
-    logp = (verifier(input_ids=seqs).logits.double() / temperature).log_softmax(-1).cpu()
+    logp = verifier(input_ids=seqs).logits.double().log_softmax(-1).cpu()
     p = len(prompt_ids)
     first = logp[0, p - 1]                 # [V]
     second = logp[::v, p].view(v, v)       # rows x1 (x2 irrelevant for this slice)
