@@ -180,6 +180,7 @@ def test_a_resumed_run_may_append_data_but_not_swap_it(tmp_path, data_dir, verif
     assert [r["step"] for r in log] == [1, 2, 3, 4] and summary["steps"] == 4
 
 
+@pytest.mark.vllm
 def test_adapter_loads_through_lora_option_and_changes_marginals(tmp_path, data_dir, verifier_dir):
     from vllm_specdiff_training.trainer import Trainer
 
