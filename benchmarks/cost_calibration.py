@@ -17,16 +17,14 @@ ever switches to it.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from vllm_specdiff.provenance import provenance
-from vllm_specdiff_benchmarks import emit_report
+from vllm_specdiff_benchmarks import chat_parser, emit_report, invocation
 from vllm_specdiff_benchmarks.step_overhead import chat_prompts, engine
 
 # (token count, seconds measured, seconds predicted, whether the count's own point priced it)
@@ -99,16 +97,12 @@ def predictions_by_choice(choices: list[Choice]) -> dict[int, dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=16, help="chat prompts (default 16)")
-    parser.add_argument("--max-tokens", type=int, default=96)
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
+    parser = chat_parser(__doc__, prompts=16, max_tokens=96)
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import SamplingParams
 
-    command = ["python", "-m", "vllm_specdiff_benchmarks.cost_calibration",
-               *(sys.argv[1:] if argv is None else argv)]
+    command = invocation("cost_calibration", argv)
     steps: list[Step] = []
     choices: list[Choice] = []
     record(steps, choices)

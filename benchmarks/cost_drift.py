@@ -14,16 +14,14 @@ because this spread exceeds what one draft length costs over another.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from vllm_specdiff.provenance import provenance
-from vllm_specdiff_benchmarks import emit_report
+from vllm_specdiff_benchmarks import chat_parser, emit_report, invocation
 from vllm_specdiff_benchmarks.step_overhead import chat_prompts, engine
 
 MIN_STEPS = 10  # steps of one token count in a window for its median to count in the spread
@@ -67,17 +65,13 @@ def spreads(table: list[dict[int, tuple[float, int]]]) -> dict[int, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=8, help="chat prompts (default 8)")
-    parser.add_argument("--max-tokens", type=int, default=96)
+    parser = chat_parser(__doc__, prompts=8, max_tokens=96)
     parser.add_argument("--window", type=int, default=60, help="steps per window (default 60)")
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import SamplingParams
 
-    command = ["python", "-m", "vllm_specdiff_benchmarks.cost_drift",
-               *(sys.argv[1:] if argv is None else argv)]
+    command = invocation("cost_drift", argv)
     costs = record_costs()
     llm = engine("specdiff2", max_num_seqs=1)
     chats = chat_prompts(args.prompts)

@@ -16,7 +16,6 @@ figures compare settings; they are not the overhead's share of an unprofiled ste
 
 from __future__ import annotations
 
-import argparse
 import cProfile
 import os
 import pstats
@@ -27,7 +26,7 @@ from typing import Any
 
 from vllm_specdiff.prompts import read_jsonl
 from vllm_specdiff.provenance import provenance
-from vllm_specdiff_benchmarks import emit_report
+from vllm_specdiff_benchmarks import chat_parser, emit_report, invocation
 
 PROMPTS = Path(__file__).resolve().parent / "prompts" / "chat_heldout.jsonl"
 SETTINGS = ("plain", "specdiff2", "specdiff2-vllm-sample")
@@ -104,14 +103,10 @@ def run(setting: str, prompts: int, max_tokens: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--prompts", type=int, default=48, help="chat prompts (default 48)")
-    parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
+    parser = chat_parser(__doc__, prompts=48, max_tokens=64)
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    command = ["python", "-m", "vllm_specdiff_benchmarks.step_overhead",
-               *(sys.argv[1:] if argv is None else argv)]
+    command = invocation("step_overhead", argv)
     results = [run(setting, args.prompts, args.max_tokens) for setting in SETTINGS]
     emit_report({"provenance": provenance(command), "batch_size": 16,
                  "prompts": args.prompts, "max_tokens": args.max_tokens,

@@ -1,5 +1,5 @@
 """benchmarks/cost_calibration.py: measured against predicted cost per token count, and the
-predictions by chosen length."""
+predictions by chosen length; the options and command line the chat benchmark scripts share."""
 
 from vllm_specdiff_benchmarks.cost_calibration import calibration, predictions_by_choice
 
@@ -19,3 +19,12 @@ def test_predictions_are_averaged_per_chosen_length():
     assert predictions_by_choice(choices) == {
         3: {"plans": 2, "predicted_ms": {4: 31.0, 5: 35.0}},
         4: {"plans": 1, "predicted_ms": {4: 31.0, 5: 30.0}}}
+
+
+def test_chat_scripts_share_their_options_and_record_their_command():
+    from vllm_specdiff_benchmarks import chat_parser, invocation
+
+    args = chat_parser("Title.\n\nBody.", prompts=16, max_tokens=96).parse_args(["--prompts", "4"])
+    assert (args.prompts, args.max_tokens, args.out) == (4, 96, None)
+    assert invocation("cost_calibration", ["--prompts", "4"]) == [
+        "python", "-m", "vllm_specdiff_benchmarks.cost_calibration", "--prompts", "4"]
