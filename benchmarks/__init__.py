@@ -34,7 +34,6 @@ def chat_parser(doc: str, prompts: int, max_tokens: int) -> argparse.ArgumentPar
 
 
 def invocation(module: str, argv: list[str] | None) -> list[str]:
-    """The command line that ran `module` with `argv` (None: this process's), for a report's
-    provenance."""
-    return ["python", "-m", f"vllm_specdiff_benchmarks.{module}",
-            *(sys.argv[1:] if argv is None else argv)]
+    """The command line that ran `module` (its full name) with `argv` (None: this process's),
+    for a report's provenance."""
+    return ["python", "-m", module, *(sys.argv[1:] if argv is None else argv)]

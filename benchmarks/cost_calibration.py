@@ -10,7 +10,7 @@ controller's predicted verifier cost of each token count (`VerifierCost.predict`
 gamma + 1 tokens) and the length it chose; every verifier observation
 (`AdaptiveDrafting.observe_verifier`: the time between two proposer calls less the
 proposer's own) is paired with the prediction made for its token count just before that step.
-A count measured only by the controller's probes (`fresh_share` near 0) is priced by the line
+A count measured only by the controller's probes (`own_point_share` near 0) is priced by the line
 or a stale point; the prediction for a count the controller is not using decides whether it
 ever switches to it.
 """
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import SamplingParams
 
-    command = invocation("cost_calibration", argv)
+    command = invocation("vllm_specdiff_benchmarks.cost_calibration", argv)
     steps: list[Step] = []
     choices: list[Choice] = []
     record(steps, choices)

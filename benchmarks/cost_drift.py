@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import SamplingParams
 
-    command = invocation("cost_drift", argv)
+    command = invocation("vllm_specdiff_benchmarks.cost_drift", argv)
     costs = record_costs()
     llm = engine("specdiff2", max_num_seqs=1)
     chats = chat_prompts(args.prompts)

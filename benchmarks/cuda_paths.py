@@ -47,7 +47,7 @@ from vllm_specdiff.reference import (
     first_three_counts,
     plain_generate,
 )
-from vllm_specdiff_benchmarks import emit_report
+from vllm_specdiff_benchmarks import emit_report, invocation
 from vllm_specdiff_benchmarks.kernels import kernel_backend, random_tree
 
 MODULE = "vllm_specdiff_benchmarks.cuda_paths"
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                   scoring_check(device), drafter_check(drafter, cpu_drafter, device)]
         timing = default_shape_timing(device, Path(tmp) / "default_shape",
                                       args.timing_calls) if args.timing_calls else []
-    report = {"provenance": provenance(["python", "-m", MODULE, *argv]),
+    report = {"provenance": provenance(invocation(MODULE, argv)),
               "device": str(device), "checks": checks, "timing": timing,
               "passed": all(c["passed"] for c in checks)}
     emit_report(report, args.json)

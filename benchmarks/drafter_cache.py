@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ from pathlib import Path
 import torch
 
 from vllm_specdiff.provenance import provenance
-from vllm_specdiff_benchmarks import emit_report
+from vllm_specdiff_benchmarks import emit_report, invocation
 
 SETTINGS = ("sliding", "strided", "full")
 
@@ -91,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         base = Path(tmp) / "base"
         write_base(base, max_positions=args.context + 3 * args.steps + args.gamma + 64)
         results = {s: run(s, base, args) for s in SETTINGS}
-    command = ["python", "-m", "vllm_specdiff_benchmarks.drafter_cache",
-               *(sys.argv[1:] if argv is None else argv)]
+    command = invocation("vllm_specdiff_benchmarks.drafter_cache", argv)
     report = {
         "provenance": provenance(command),
         "config": {**{k: v for k, v in vars(args).items() if k != "out"}, "torch_threads": 1},

@@ -43,7 +43,7 @@ from vllm_specdiff.plugin.tree_attention import TreeBatchContext, TreeRequest
 from vllm_specdiff.plugin.tree_attention_cuda import CudaTreeMaskForward, PagedKVLayout
 from vllm_specdiff.plugin.trie import build_request_trie
 from vllm_specdiff.provenance import provenance
-from vllm_specdiff_benchmarks import emit_report
+from vllm_specdiff_benchmarks import emit_report, invocation
 from vllm_specdiff_kernels.dispatch import TREE_ATTENTION_KERNEL
 from vllm_specdiff_kernels.tree_attention_ref import tree_attention_torch
 from vllm_specdiff_kernels.tree_mask import tree_mask_from_parents
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> str:
         with open(args.output, "w", encoding="utf-8") as fh:
             fh.write(table)
     if args.json:
-        emit_report({"provenance": provenance(["python", "-m", MODULE, *argv]),
+        emit_report({"provenance": provenance(invocation(MODULE, argv)),
                      "device": name, "dtype": args.dtype, "peak_gbps": peak,
                      "rows": [row_record(r, peak) for r in rows]}, args.json)
     check_wrapper_rows(rows, dtype)

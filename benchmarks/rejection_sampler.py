@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from vllm_specdiff.provenance import provenance
-from vllm_specdiff_benchmarks import emit_report
+from vllm_specdiff_benchmarks import emit_report, invocation
 
 VOCAB = 49152
 CELLS = ((1, 4), (1, 8), (4, 8), (16, 2), (16, 8))
@@ -99,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write the JSON report here")
     args = parser.parse_args(argv)
     results = run(args.calls)
-    command = ["python", "-m", "vllm_specdiff_benchmarks.rejection_sampler",
-               *(sys.argv[1:] if argv is None else argv)]
+    command = invocation("vllm_specdiff_benchmarks.rejection_sampler", argv)
     report = {"provenance": provenance(command),
               "config": {"calls": args.calls, "vocab": VOCAB,
                          "torch_threads": torch.get_num_threads()},

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = chat_parser(__doc__, prompts=48, max_tokens=64)
     args = parser.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    command = invocation("step_overhead", argv)
+    command = invocation("vllm_specdiff_benchmarks.step_overhead", argv)
     results = [run(setting, args.prompts, args.max_tokens) for setting in SETTINGS]
     emit_report({"provenance": provenance(command), "batch_size": 16,
                  "prompts": args.prompts, "max_tokens": args.max_tokens,

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_specdiff.provenance import provenance
+from vllm_specdiff_benchmarks import invocation
 
 MODULE = "vllm_specdiff_benchmarks.step_trace"
 MAX_STEP_S = 2.0
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu_env.reexec_with_speed_env(argv, module=MODULE)
     bench_json = args.out.with_name(args.out.stem + "_bench.json")
     rc, steps = trace([*bench_argv, "--json", str(bench_json)])
-    report = {"provenance": provenance(["python", "-m", MODULE, *argv]),
+    report = {"provenance": provenance(invocation(MODULE, argv)),
               "bench_result": bench_json.name,
               "methods": {label: summarize(s) for label, s in steps.items()}}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -46,6 +46,7 @@ from typing import Any
 from vllm_specdiff.bench.methods import DRAFTER_ONLY
 from vllm_specdiff.commands.common import add_engine_args, add_spec_args
 from vllm_specdiff.provenance import provenance
+from vllm_specdiff_benchmarks import invocation
 
 METHODS = ("plain", "specdiff-base", "specdiff2")
 TIME_UP = " Time is up. The final answer is"
@@ -473,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"time_budget: error: {e}", file=sys.stderr)
         return 2
-    report = {"provenance": provenance(["python", "-m", MODULE, *argv]), **report}
+    report = {"provenance": provenance(invocation(MODULE, argv)), **report}
     print_table(report["accuracy"])
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -26,5 +26,5 @@ def test_chat_scripts_share_their_options_and_record_their_command():
 
     args = chat_parser("Title.\n\nBody.", prompts=16, max_tokens=96).parse_args(["--prompts", "4"])
     assert (args.prompts, args.max_tokens, args.out) == (4, 96, None)
-    assert invocation("cost_calibration", ["--prompts", "4"]) == [
+    assert invocation("vllm_specdiff_benchmarks.cost_calibration", ["--prompts", "4"]) == [
         "python", "-m", "vllm_specdiff_benchmarks.cost_calibration", "--prompts", "4"]
