@@ -55,8 +55,10 @@ A probe step now and then keeps every estimate measured: when g < gamma, one row
 gamma (acceptance of every position, a second token count for the verifier line, the drafter's
 cost); when g = gamma, one step drafts nothing (the verifier's cost without drafts). With one
 row, a probe drafts the length whose own cost is the least measured instead (ties: gamma, then
-0), so every length's cost gets measured. Probes are spaced so their expected loss stays near
-`PROBE_BUDGET` of the serving time.
+0), so every length's cost gets measured, and every other probe is a trial of a length next to
+g for `TRIAL_STEPS` steps whose first is not measured: a count verified once among hundreds of
+another costs more than in use, and priced so the lengths beside g never got chosen. Probes
+are spaced so their expected loss stays near `PROBE_BUDGET` of the serving time.
 
 With prompt-lookup drafts (K = 1 and the "ngram" candidate), rows whose context repeats draft
 the lookup continuation instead: it costs no drafter call and is accepted at other rates than
@@ -106,6 +108,11 @@ POINT_WEIGHT = 1.0
 # (benchmarks/results/2026-12-04/cost_drift/), more than one draft length costs over another,
 # so a length measured in a fast phase looked cheaper than the one in use.
 SPEED_FORGET = 0.9
+# A one-row trial: this many steps at a neighbouring length, the first not measured. At batch 1
+# a token count verified once among hundreds of steps of another cost ~9% more than when in use
+# (benchmarks/results/2026-12-04/cost_calibration/), so single-step probes priced the lengths
+# next to the one in use too high and the controller stayed where it started.
+TRIAL_STEPS = 3
 # Measured (batch size, token count) points kept; beyond, the least-weighted half is dropped.
 MAX_POINTS = 1024
 # At batch > 1 a step with drafts must promise this much more committed tokens per second than
@@ -323,18 +330,19 @@ class VerifierCost:
 
     def predict(self, rows: int, tokens: float) -> float | None:
         """The mean measured at exactly (rows, tokens) when it has POINT_WEIGHT observations,
-        else the line, never below this batch size's measured draft-free step plus the line's
-        cost of the extra tokens: the line is shared by a bucket of batch sizes, and at the
-        bucket's top (15 rows of a bucket fitted mostly at 8-12) it can price a step with
-        drafts below the same batch size's step without, which made drafts look free. Seconds
-        at the current speed."""
+        else the line; above one row never below this batch size's measured draft-free step
+        plus the line's cost of the extra tokens: the line is shared by a bucket of batch sizes,
+        and at the bucket's top (15 rows of a bucket fitted mostly at 8-12) it can price a step
+        with drafts below the same batch size's step without, which made drafts look free. One
+        row has its own bucket, and there its draft-free steps are rare probes, dearer than in
+        use, which priced every length not in use above it. Seconds at the current speed."""
         if self.point_weight(rows, tokens) >= POINT_WEIGHT:
             return self.speed * max(self.points[(rows, round(tokens))].mean, 1e-6)
         coef = self._shape_coefficients(rows)
         if coef is None:
             return None
         cost = coef[0] + coef[1] * tokens
-        if tokens > rows and self.point_weight(rows, rows) >= POINT_WEIGHT:
+        if rows > 1 and tokens > rows and self.point_weight(rows, rows) >= POINT_WEIGHT:
             cost = max(cost, self.points[(rows, rows)].mean + coef[1] * (tokens - rows))
         return self.speed * max(cost, 1e-6)
 
@@ -569,6 +577,9 @@ class AdaptiveDrafting:
         self.next_probe = 1
         self.probe_interval = 1
         self.bucket_probes: dict[int, int] = {}
+        self.trial_gamma = 0  # a one-row trial's length and its steps still to come
+        self.trial_left = 0
+        self.skip_cold = False  # the next one-row step is a trial's first (cold): not measured
         self.last_gamma = gamma
         self.last_rows = 0
         self.last_credited = 1.0  # share of the last step's extra tokens at the batch's back
@@ -583,7 +594,12 @@ class AdaptiveDrafting:
 
     # ---- observations ---------------------------------------------------------------------------
     def observe_verifier(self, rows: int, tokens: int, seconds: float) -> None:
-        """One verifier step of `rows` decode rows that scheduled `tokens` tokens."""
+        """One verifier step of `rows` decode rows that scheduled `tokens` tokens (a one-row
+        trial's first step is not measured: see `TRIAL_STEPS`)."""
+        if self.skip_cold:  # only the step right after the plan (the batch may have grown)
+            self.skip_cold = False
+            if rows == 1:
+                return
         predicted = self.verifier.predict(rows, tokens) if self.verifier.weight(rows) >= 5 \
             else None
         if predicted is not None:
@@ -722,10 +738,15 @@ class AdaptiveDrafting:
         bucket = rows_bucket(rows)
         # a batch size whose cost slope is not measured yet is probed at once (twice at most)
         new_size = not self.verifier.identified(rows) and self.bucket_probes.get(bucket, 0) < 2
-        if rows > 0 and (self.steps >= self.next_probe or new_size):
+        if rows != 1:
+            self.trial_left = 0
+        if self.trial_left > 0:
+            self.trial_left -= 1
+            plan = Plan(self.trial_gamma)
+        elif rows > 0 and (self.steps >= self.next_probe or new_size):
             self.bucket_probes[bucket] = self.bucket_probes.get(bucket, 0) + 1
             if rows == 1:
-                plan = Plan(self._least_measured(g))
+                plan = Plan(self._one_row_probe(g, rates))
             else:
                 plan = Plan(0) if g == self.gamma else Plan(g, probe_rows=1,
                                                             probe_gamma=self.gamma)
@@ -771,6 +792,18 @@ class AdaptiveDrafting:
             rates[g] = (rows + worth * extra) / (verify + base_cost)
         return choose(rates, rows, self.margin, has_drafts=bool(drafter_gamma and others))
 
+    def _one_row_probe(self, g: int, rates: dict[int, float]) -> int:
+        """One row's probe length: every other probe starts a trial (`TRIAL_STEPS` steps) of
+        the neighbour of g (g - 1 or g + 1) with the higher predicted rate, its first step not
+        measured; the others probe the least-measured length for one step."""
+        neighbours = [n for n in (g - 1, g + 1) if n in rates]
+        if self.probes_done % 2 == 1 and neighbours:
+            self.trial_gamma = max(neighbours, key=lambda n: rates[n])
+            self.trial_left = TRIAL_STEPS - 1
+            self.skip_cold = True
+            return self.trial_gamma
+        return self._least_measured(g)
+
     def _least_measured(self, g: int) -> int:
         """One row's probe length: the allowed length other than g whose verifier cost at batch
         1 has the fewest effective observations (ties: gamma first, then 0, 1, ...)."""
@@ -786,6 +819,8 @@ class AdaptiveDrafting:
         self.probes_done += 1
         interval = MAX_PROBE_INTERVAL
         loss = self._probe_loss(rows, g, plan, rates)
+        if loss is not None and self.trial_left:
+            loss *= TRIAL_STEPS
         cost = self.step_cost(rows, g, self.acceptance.alphas())
         if loss is not None and cost and math.isfinite(cost):
             interval = math.ceil(loss / (PROBE_BUDGET * cost)) if loss > 0 else MIN_PROBE_INTERVAL
