@@ -36,7 +36,7 @@ Choice = tuple[int, dict[int, float]]
 def record(steps: list[Step], choices: list[Choice]) -> None:
     """Patch the controller: each one-row plan appends its choice and predictions to
     `choices`, each one-row verifier observation its measured and predicted cost to `steps`."""
-    from vllm_specdiff.plugin.adaptive import POINT_WEIGHT, AdaptiveDrafting, Plan
+    from vllm_specdiff.plugin.adaptive import AdaptiveDrafting, Plan
 
     plan, observe = AdaptiveDrafting.plan, AdaptiveDrafting.observe_verifier
     predicted: dict[int, tuple[float, bool]] = {}
@@ -48,7 +48,7 @@ def record(steps: list[Step], choices: list[Choice]) -> None:
             for tokens in range(1, self.gamma + 2):
                 cost = self.verifier.predict(1, tokens)
                 if cost is not None:
-                    own = self.verifier.point_weight(1, tokens) >= POINT_WEIGHT
+                    own = self.verifier.priced_by_point(1, tokens)
                     predicted[tokens] = (cost, own)
             if len(predicted) == self.gamma + 1:
                 choices.append((chosen.gamma, {t: c for t, (c, _) in predicted.items()}))

