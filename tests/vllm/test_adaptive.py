@@ -1103,14 +1103,14 @@ STEP_MS = {0: 35.0, 1: 38.6, 2: 38.5, 3: 38.0, 4: 37.3, 5: 37.9, 6: 43.0, 7: 44.
 CHAT_ALPHAS = [0.39, 0.36, 0.65, 0.5, 0.7, 0.78, 0.8, 0.6]
 
 
-def _one_row_on_a_step_table(seed: int, fixed: int | None = None,
-                             ctrl: AdaptiveDrafting | None = None, steps: int = 2800) -> float:
+def _one_row_on_a_step_table(seed: int, fixed: int | None = None, steps: int = 2800) -> float:
     """Committed tokens per simulated second at batch 1 on STEP_MS: 3 ms more for a token
     count not among the last two steps' (a cold step), 3% noise, a host speed drifting 1% per
     step within 15%, and the first position's acceptance rescaled per 96-step request; the
-    host and the content follow the same path for every method (common random numbers)."""
+    host and the content follow the same path for every method (common random numbers). The
+    controller drafts, or a fixed length when `fixed` is given."""
     rng, host, content = (random.Random(seed + k) for k in (0, 1000, 2000))
-    ctrl = AdaptiveDrafting(GAMMA) if ctrl is None and fixed is None else ctrl
+    ctrl = AdaptiveDrafting(GAMMA) if fixed is None else None
     recent: list[int] = []
     speed = scale = 1.0
     seconds = tokens = 0.0
