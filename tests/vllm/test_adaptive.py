@@ -1075,7 +1075,7 @@ def _one_row_from_a_short_start(ctrl: AdaptiveDrafting, steps: int = 1500) -> Co
         tokens = 1 + g
         cost = 0.030 + 0.004 * max(tokens - 5, 0) + cold.extra_ms(tokens) / 1000.0
         verify = cost * (1.0 + 0.02 * rng.random())
-        _observe_one_row(ctrl, g, verify, DRAFTER(3 + g), _accepted(rng, 0.6, g) if g else 0)
+        _observe_one_row(ctrl, g, verify, DRAFTER(3 + g), _accepted(rng, 0.6, g))
         if step >= steps - 1000:
             chosen[ctrl.last_gamma] += 1
     return chosen
