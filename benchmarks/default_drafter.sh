@@ -3,7 +3,7 @@
 # machine, every method of a run in one process (ratios from the same run; see
 # vllm_specdiff/bench/suite.py). Writes into OUT (default benchmarks/results/DATE) the demo's
 # JSON and one suite JSON + Markdown table per run (with date, machine, versions and command),
-# from which `python scripts/results_table.py --write README.md` regenerates the README's table.
+# from which `python scripts/results_table.py --write` regenerates docs/results.md.
 # The whole suite of issue 12 (all sets, T, batch sizes, K and gamma sweeps) is
 # benchmarks/suite.sh.
 #

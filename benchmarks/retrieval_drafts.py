@@ -33,7 +33,7 @@ from vllm_specdiff_benchmarks import emit_report
 SOURCES = ("lookup", "datastore", "lookup+datastore")
 
 
-def _sequences(data: Any, indices: range | list[int]) -> list[tuple[np.ndarray, int]]:  # noqa: ANN401
+def _sequences(data: Any, indices: range | list[int]) -> list[tuple[np.ndarray, int]]:
     return [(data.sequence(i).numpy(), int(data.prompt_lens[i])) for i in indices]
 
 

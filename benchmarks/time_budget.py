@@ -228,7 +228,7 @@ def build_engines(args: argparse.Namespace, model: str,
 _request_ids = itertools.count()
 
 
-def timed_run(llm: Any, prompt_ids: list[int], seconds: float,  # noqa: ANN401
+def timed_run(llm: Any, prompt_ids: list[int], seconds: float,
               max_tokens: int) -> TimedRun:
     """Greedy answer through the engine's step loop, each token stamped with the time it
     appeared; stopped (aborted) once `seconds` have passed."""
@@ -263,7 +263,7 @@ def timed_run(llm: Any, prompt_ids: list[int], seconds: float,  # noqa: ANN401
     return TimedRun(tokens, times, eos, time.perf_counter() - start)
 
 
-def finish_texts(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[str]:  # noqa: ANN401
+def finish_texts(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[str]:
     """The greedy finish of each continuation prompt, each distinct prompt generated once."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -288,7 +288,7 @@ def load_questions(limit: int) -> list[dict[str, str]]:
     return [{"id": c["id"], "question": c["prompt"], "gold": str(c["expected"])} for c in cases]
 
 
-def answer_question(engines: dict[str, Any], finisher: Any, tokenizer: Any,  # noqa: ANN401
+def answer_question(engines: dict[str, Any], finisher: Any, tokenizer: Any,
                     question: dict[str, str], index: int, args: argparse.Namespace,
                     suffix: list[int]) -> dict[str, Any]:
     """One question: a timed run per method (rotating order), then the finish per budget."""

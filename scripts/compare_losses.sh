@@ -14,8 +14,8 @@
 # run may append directories: DIR,MORE).
 #
 # START_CHECKPOINT: a checkpoint of the default drafter's run (default: its latest).
-# RESULT_JSON: default benchmarks/results/loss_comparison.json (PNG beside it; not in a dated
-# folder, whose JSON files are bench results the README's table is made from).
+# RESULT_JSON: default benchmarks/results/loss_comparison.json (PNG beside it; docs/results.md
+# lists it with the other measurements).
 # SPECDIFF_COMPARE_STEPS (default 200) optimizer steps per loss; SPECDIFF_COMPARE_PARALLEL
 # (default 2) runs at a time, one torch thread each; SPECDIFF_COMPARE_WINDOWS (default 512)
 # held-out windows evaluated. Runs land in $SPECDIFF_CACHE_DIR/runs/.

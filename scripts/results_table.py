@@ -1,99 +1,129 @@
-"""Regenerate the README's tables of measured speedups from benchmarks/results/*/*.json.
+"""Generate docs/results.md and the README's headline table from benchmarks/results/**/*.json.
 
-A file is either one plain-vs-SpecDiff summary (`vllm-specdiff demo --output`) or a suite result
-(`vllm-specdiff bench --json`, with "cells"): one row per speculative method and cell. The main
-runs of `benchmarks/suite.sh` (`suite_main_*.json`: every method x set x T) would add hundreds of
-such rows, so they get a second, compact block instead: one row per cell, one column per method.
+A result is a suite run (`vllm-specdiff bench --json`, with "cells"), a plain-vs-SpecDiff
+summary (`vllm-specdiff demo --output`) or another measurement JSON (training evaluations,
+one-off timings); each records its date, machine and command. The page lists the runs newest
+first; a run is superseded, and left out, when a later run on the same CPU had the same command
+(its output paths aside; within one folder, only a repeat of the same name counts). The main
+runs of `benchmarks/suite.sh` (`suite_main_*.json`: every method x set x T) get a compact
+block: one row per cell, one column per method.
 
-    python scripts/results_table.py                 # print the table
-    python scripts/results_table.py --write README.md   # replace the block between the markers
+    python scripts/results_table.py             # print the page
+    python scripts/results_table.py --write     # write docs/results.md and README's headline
 
-Every row names its JSON file, so each figure in the README has its source beside it;
-tests/test_results_table.py fails when the README's block and the JSON files disagree.
+Every row names its JSON file, so each figure has its source beside it;
+tests/test_results_table.py fails when the committed page or headline and the JSON disagree.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 from vllm_specdiff.bench.table import batch_text
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-SUITE_BEGIN, SUITE_END = "<!-- suite:begin -->", "<!-- suite:end -->"
+PAGE = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
+HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 MAIN_SUITE = "suite_main_"  # stems of the main runs, summarised in the compact block
+# The README's headline: the latest runs of the default at batch 1 and 16 (benchmarks/suite.sh's
+# adaptive parts, 2026-12-05, current code).
+HEADLINE = ("2026-12-05/lookup_forget/b1_humaneval.json", "2026-12-05/lookup_forget/b1_chat.json",
+            "2026-12-05/lookup_forget/b16_static_run2.json",
+            "2026-12-05/lookup_forget/b16_cont_run2.json")
 HEADER = ("| run | prompts | T | gamma | K (T_d) | plain tok/s | speculative tok/s | speedup "
           "| accepted/step | drafter ms (share of verifier step) | identical | date, machine |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|")
+# Arguments that name where a run wrote its output: two runs differing only there are the same.
+_REPEAT = re.compile(r"_(run\d+|rerun)$")  # a repeat of the run named without the suffix
+_OUTPUT_ARGS = re.compile(r"\s--(json|plots|output|out|plot)[ =]\S+")
 
 
 def _fmt(value: float | None, digits: int) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def row(path: Path) -> str:
-    s = json.loads(path.read_text())
-    prov = s.get("provenance", {})
+def provenance(data: dict[str, Any]) -> dict[str, Any]:
+    """Date, machine and command: under "provenance" (bench, demo) or at the top level (training
+    evaluations and the scripts' reports)."""
+    return data.get("provenance") or data
+
+
+def _where(data: dict[str, Any]) -> str:
+    prov = provenance(data)
+    return f"{prov.get('date', '?')}, {(prov.get('machine') or {}).get('cpu', '?')}"
+
+
+def _link(path: Path, base: Path) -> str:
+    """The file's path from the repository root (`base` is that root, or a test's stand-in)."""
+    return path.relative_to(base).as_posix()
+
+
+def row(path: Path, s: dict[str, Any]) -> str:
+    """One plain-vs-SpecDiff summary (`vllm-specdiff demo --output`)."""
     share = s.get("drafter_to_verifier")
     drafter = _fmt(s.get("drafter_ms_per_step"), 1) + (f" ({100 * share:.0f}%)" if share else "")
     identical = ("yes" if s["identical_outputs"] else "NO") if s["temperature"] == 0 else "n/a"
-    where = f"{prov.get('date', '?')}, {prov.get('machine', {}).get('cpu', '?')}"
-    name = path.relative_to(ROOT).as_posix()
     options = s.get("specdiff_options", {})
-    k = options.get("K") or 1
+    k = options.get("num_drafts", options.get("K")) or 1  # K: results before the rename
     candidates = f"{k} ({options.get('drafter_temperature', 0):g})" if k > 1 else "1"
-    return (f"| [{path.stem}]({name}) | {s['prompts']} | {s['temperature']:g} | {s['gamma']} "
-            f"| {candidates} "
+    return (f"| [{path.stem}]({_link(path, _root_of(path))}) | {s['prompts']} "
+            f"| {s['temperature']:g} | {s['gamma']} | {candidates} "
             f"| {_fmt(s['plain_tokens_per_s'], 2)} | {_fmt(s['spec_tokens_per_s'], 2)} "
             f"| **{_fmt(s['speed_ratio'], 2)}x** | {_fmt(s.get('mean_accepted_length'), 2)} "
-            f"| {drafter} | {identical} | {where} |")
+            f"| {drafter} | {identical} | {_where(s)} |")
 
 
-def suite_rows(path: Path, s: dict) -> list[str]:
+def _plain_cells(s: dict[str, Any]) -> tuple[dict[str, dict], dict[tuple, dict]]:
+    methods = {m["label"]: m for m in s["suite"]["methods"]}
+    plain = {_cell_key(c): c for c in s["cells"] if methods[c["method"]]["kind"] == "plain"}
+    return methods, plain
+
+
+def _cell_key(cell: dict[str, Any]) -> tuple:
+    return cell["prompts"], cell["temperature"], cell["batch_size"], cell.get("batching")
+
+
+def suite_rows(path: Path, s: dict[str, Any]) -> list[str]:
     """One row per speculative method and cell of a suite result, against plain decoding of
     the same cell."""
-    prov = s.get("provenance", {})
-    where = f"{prov.get('date', '?')}, {prov.get('machine', {}).get('cpu', '?')}"
-    name = path.relative_to(ROOT).as_posix()
-    methods = {m["label"]: m for m in s["suite"]["methods"]}
-    key = ("prompts", "temperature", "batch_size")
-    plain = {tuple(c[field] for field in key): c for c in s["cells"]
-             if methods[c["method"]]["kind"] == "plain"}
+    name = _link(path, _root_of(path))
+    methods, plain = _plain_cells(s)
     rows = []
     for c in s["cells"]:
         method = methods[c["method"]]
         if method["kind"] == "plain":
             continue
         options = method["options"]
-        num = options.get("K") or 1
+        num = options.get("num_drafts", options.get("K")) or 1
         candidates = f"{num} ({options.get('drafter_temperature', 0):g})" if num > 1 else "1"
         share = c.get("drafter_share_of_step")
         drafter = _fmt(c.get("drafter_ms_per_step"), 1) + (f" ({100 * share:.0f}% of step)"
                                                              if share else "")
         identical = "n/a" if c["identical_to_plain"] is None else \
             ("yes" if c["identical_to_plain"] else "NO")
-        base = plain[tuple(c[field] for field in key)]
+        base = plain[_cell_key(c)]
         rows.append(f"| [{path.stem}]({name}) `{c['method']}` B={batch_text(c)} "
                     f"| {c['prompts']} ({c['num_prompts']}) | {c['temperature']:g} "
                     f"| {method['gamma']} | {candidates} | {_fmt(base['tokens_per_s'], 2)} "
                     f"| {_fmt(c['tokens_per_s'], 2)} | **{_fmt(c['speedup'], 2)}x** "
                     f"| {_fmt(c.get('accepted_per_step'), 2)} | {drafter} | {identical} "
-                    f"| {where} |")
+                    f"| {_where(s)} |")
     return rows
 
 
-def rows(path: Path) -> list[str]:
-    s = json.loads(path.read_text())
-    return suite_rows(path, s) if "cells" in s else [row(path)]
-
-
-def table(results: Path = RESULTS) -> str:
-    files = [p for p in sorted(results.glob("*/*.json")) if not p.stem.startswith(MAIN_SUITE)]
-    return "\n".join([HEADER, *(r for p in files for r in rows(p))])
+def _root_of(path: Path) -> Path:
+    """The repository root above a results file: the folder holding `benchmarks/results`."""
+    for parent in path.parents:
+        if parent.name == "results" and parent.parent.name == "benchmarks":
+            return parent.parent.parent
+    raise ValueError(f"{path} is not under benchmarks/results")
 
 
 def _summary_cell(cell: dict) -> str:
@@ -104,32 +134,137 @@ def _summary_cell(cell: dict) -> str:
     return text + (" NOT IDENTICAL" if cell["identical_to_plain"] is False else "")
 
 
-def suite_summary(results: Path = RESULTS) -> str:
-    """One row per (run, prompt set, T, batch) of the main suite runs, one column per method:
-    speedup against plain decoding in the same run, and accepted tokens per step."""
-    lines: list[str] = []
-    for path in sorted(results.glob(f"*/{MAIN_SUITE}*.json")):
+def suite_summary(path: Path, s: dict[str, Any]) -> list[str]:
+    """A main suite run: one row per (prompt set, T, batch), one column per method: speedup
+    against plain decoding in the same run, and accepted tokens per step."""
+    labels = [m["label"] for m in s["suite"]["methods"]]
+    lines = ["| run | prompts | T | B | plain tok/s | " + " | ".join(f"`{m}`" for m in labels[1:])
+             + " |", "|" + "---|" * (len(labels) + 4)]
+    cells: dict[tuple, dict[str, dict]] = {}
+    for c in s["cells"]:
+        key = (c["prompts"], c["num_prompts"], c["temperature"], batch_text(c))
+        cells.setdefault(key, {})[c["method"]] = c
+    name = _link(path, _root_of(path))
+    for (prompts, num, temperature, batch), by_method in cells.items():
+        plain = by_method[labels[0]]
+        lines.append(f"| [{path.stem}]({name}) {provenance(s).get('date', '?')} "
+                     f"| {prompts} ({num}) | {temperature:g} | {batch} "
+                     f"| {_fmt(plain['tokens_per_s'], 2)} | "
+                     + " | ".join(_summary_cell(by_method[m]) if m in by_method else "-"
+                                  for m in labels[1:]) + " |")
+    return lines
+
+
+def load(results: Path = RESULTS) -> list[tuple[Path, dict[str, Any]]]:
+    """Every committed result, newest first (ties: by path)."""
+    runs = [(p, json.loads(p.read_text())) for p in sorted(results.rglob("*.json"))]
+    runs.sort(key=lambda run: str(provenance(run[1]).get("date", "")), reverse=True)
+    return runs
+
+
+def _same_run_key(data: dict[str, Any]) -> tuple[str, str]:
+    prov = provenance(data)
+    command = _OUTPUT_ARGS.sub("", " " + str(prov.get("command", ""))).strip()
+    return command, str((prov.get("machine") or {}).get("cpu", ""))
+
+
+def latest(runs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, dict[str, Any]]]:
+    """The runs no later run on the same CPU repeated with the same command (`runs` newest
+    first). In one folder only a repeat of the same name (`X_run2` for `X`) replaces a run:
+    other names there are the arms of an A/B of code changes, which the command does not show."""
+    newer: dict[tuple[str, str], list[tuple[Path, str]]] = {}
+    kept = []
+    for path, data in runs:
+        key = _same_run_key(data)
+        if key[0]:
+            series = _REPEAT.sub("", path.stem)
+            if any(folder != path.parent or name == series
+                   for folder, name in newer.get(key, [])):
+                continue
+            newer.setdefault(key, []).append((path.parent, series))
+        kept.append((path, data))
+    return kept
+
+
+def page(results: Path = RESULTS) -> str:
+    """docs/results.md: the latest runs, newest first."""
+    runs = latest(load(results))
+    rows = []
+    for path, s in runs:
+        if "cells" in s and not path.stem.startswith(MAIN_SUITE):
+            rows += suite_rows(path, s)
+        elif "speed_ratio" in s:
+            rows.append(row(path, s))
+    main = [p_s for p_s in runs if p_s[0].stem.startswith(MAIN_SUITE)]
+    other = [(p, s) for p, s in runs if "cells" not in s and "speed_ratio" not in s]
+    text = [
+        "# Measured results",
+        "",
+        "<!-- generated by scripts/results_table.py --write: do not edit by hand -->",
+        "",
+        "Every committed run under `benchmarks/results/`, newest first (a run repeated later",
+        "with the same command on the same CPU is left out, the arms of an A/B in one folder",
+        "are not). Each JSON records the date, the machine, the versions and the command that",
+        "wrote it. Speedups are against plain decoding in the same run; `specdiff2` is the",
+        "plugin's default (K = 1, adaptive drafting, prompt lookup where the context repeats),",
+        "`adaptive=false` drafts gamma every step; \"identical\" is greedy output against plain",
+        "decoding's.",
+        "",
+        "## Suite and demo runs",
+        "",
+        HEADER, *rows, "",
+        "## Main suite runs",
+        "",
+        "`benchmarks/suite.sh`'s main part, one row per cell and one column per method: speedup",
+        "against plain decoding in the same run, with accepted draft tokens per step in brackets",
+        "(`NOT IDENTICAL` would mark a greedy output that differs from plain).",
+        "",
+    ]
+    for i, (path, s) in enumerate(main):
+        text += ([""] if i else []) + suite_summary(path, s)
+    text += ["", "## Other measurements", "",
+             "Training evaluations and one-off timings. A command naming a",
+             "`vllm_specdiff_benchmarks` module that no longer exists ran an experiment script",
+             "removed once its question was settled; git history keeps it.", "",
+             "| file | date, machine | command (output paths left out) |", "|---|---|---|"]
+    for path, s in other:
+        command = _same_run_key(s)[0].replace("|", "\\|")
+        text.append(f"| [{path.relative_to(results).as_posix()}]"
+                    f"({_link(path, _root_of(path))}) | {_where(s)} | `{command}` |")
+    return "\n".join(text) + "\n"
+
+
+def headline(results: Path = RESULTS, files: tuple[str, ...] = HEADLINE) -> str:
+    """The README's table: per cell of the headline runs, the default against plain decoding
+    and the best fixed draft length of the same run."""
+    lines = ["| prompts | B | plain tok/s | default | accepted/step | best fixed (gamma) "
+             "| identical | run |", "|---|---|---|---|---|---|---|---|"]
+    links = []  # reference-style links keep the rows short
+    for name in files:
+        path = results / name
         s = json.loads(path.read_text())
-        labels = [m["label"] for m in s["suite"]["methods"]]
-        lines += ([""] if lines else []) + [  # one table per run: its methods are its columns
-            "| run | prompts | T | B | plain tok/s | " + " | ".join(f"`{m}`" for m in labels[1:])
-            + " |", "|" + "---|" * (len(labels) + 4)]
-        name = path.relative_to(results.parent.parent).as_posix()
-        prov = s.get("provenance", {})
-        cells: dict[tuple, dict[str, dict]] = {}
+        methods, plain = _plain_cells(s)
         for c in s["cells"]:
-            key = (c["prompts"], c["num_prompts"], c["temperature"], batch_text(c))
-            cells.setdefault(key, {})[c["method"]] = c
-        for (prompts, num, temperature, batch), by_method in cells.items():
-            plain = by_method[labels[0]]
-            lines.append(f"| [{path.stem}]({name}) {prov.get('date', '?')} | {prompts} ({num}) "
-                         f"| {temperature:g} | {batch} | {_fmt(plain['tokens_per_s'], 2)} | "
-                         + " | ".join(_summary_cell(by_method[m]) if m in by_method else "-"
-                                      for m in labels[1:]) + " |")
-    return "\n".join(lines) if lines else "(no main suite run committed yet)"
+            if c["method"] != "specdiff2":
+                continue
+            fixed = [f for f in s["cells"] if _cell_key(f) == _cell_key(c)
+                     and methods[f["method"]]["options"].get("adaptive") is False]
+            best = max(fixed, key=lambda f: f["speedup"]) if fixed else None
+            best_text = (f"{_fmt(best['speedup'], 2)}x ({methods[best['method']]['gamma']})"
+                         if best else "-")
+            identical = "n/a" if c["identical_to_plain"] is None else \
+                ("yes" if c["identical_to_plain"] else "NO")
+            batch = batch_text(c).replace("(continuous)", "cont.")
+            lines.append(f"| {c['prompts']} ({c['num_prompts']}) | {batch} "
+                         f"| {_fmt(plain[_cell_key(c)]['tokens_per_s'], 1)} "
+                         f"| **{_fmt(c['speedup'], 2)}x** | {_fmt(c.get('accepted_per_step'), 2)} "
+                         f"| {best_text} | {identical} | [{path.stem}] |")
+        links.append(f"[{path.stem}]: benchmarks/results/{name}")
+    return "\n".join([*lines, "", *links])
 
 
-def replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) -> str:
+def replace_block(text: str, block: str, begin: str = HEADLINE_BEGIN,
+                  end: str = HEADLINE_END) -> str:
     if begin not in text or end not in text:
         raise ValueError(f"no {begin} ... {end} block to replace")
     head, rest = text.split(begin, 1)
@@ -137,23 +272,21 @@ def replace_block(text: str, block: str, begin: str = BEGIN, end: str = END) -> 
     return f"{head}{begin}\n{block}\n{end}{tail}"
 
 
-def render(text: str, results: Path = RESULTS) -> str:
-    """The README text with both generated blocks replaced."""
-    text = replace_block(text, table(results))
-    return replace_block(text, suite_summary(results), SUITE_BEGIN, SUITE_END)
+def render_readme(text: str, results: Path = RESULTS) -> str:
+    """The README text with its headline block replaced."""
+    return replace_block(text, headline(results))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--write", default=None, help="Markdown file whose block to replace")
+    parser.add_argument("--write", action="store_true",
+                        help="write docs/results.md and the README's headline block")
     args = parser.parse_args(argv)
     if args.write:
-        path = Path(args.write)
-        path.write_text(render(path.read_text()))
+        PAGE.write_text(page())
+        README.write_text(render_readme(README.read_text()))
     else:
-        print(table())
-        print()
-        print(suite_summary())
+        print(page())
     return 0
 
 

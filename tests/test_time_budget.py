@@ -137,3 +137,10 @@ def test_the_script_reexecutes_itself_as_its_module(monkeypatch):
     assert tb.main(["--quick"]) == 2
     assert calls == [[sys.executable, "-P", "-m", "vllm_specdiff_benchmarks.time_budget",
                       "--quick"]]
+
+
+def test_benchmark_scripts_record_the_command_that_ran_them():
+    from vllm_specdiff_benchmarks import invocation
+
+    assert invocation("vllm_specdiff_benchmarks.time_budget", ["--quick"]) == [
+        "python", "-m", "vllm_specdiff_benchmarks.time_budget", "--quick"]

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import sys
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,7 +33,6 @@ HELP = {
     "source_roots": "comma-separated directories of Python source (default: this interpreter's "
                     "standard library and site-packages)",
     # generate
-    "verifier": "verifier model directory (transformers format)",
     "prompts": "jsonl: one prompt per line (string, {'prompt'|'text': str} or {'messages': [...]})",
     "num_samples": "continuations per prompt",
     "temperature": "verifier sampling temperature (1.0 = the paper's setting; 0 = greedy)",
@@ -54,21 +54,30 @@ HELP = {
     "output": "output directory (train) / JSON file (eval; a PNG is written beside it) / "
               "prompt jsonl (corpus) / slim drafter directory (export) / datastore file "
               "(datastore)",
-    "drafter": "drafter directory to train (e.g. the default block-causal drafter)",
+    "drafter": "drafter directory: to train (e.g. the default block-causal drafter), or to "
+               "export (a conditioned drafter, --format dflash)",
+    "format": "specdiff (the plugin's drafter directory) or dflash (a checkpoint vLLM's own "
+              "`dflash` method serves: --speculative-config '{\"method\": \"dflash\", ...}')",
     "init_from": "or: a Llama/Qwen2 causal LM directory to build a block-causal drafter from "
                  "(--objective ar: the causal LM truncated to --num-layers)",
     "objective": "diffusion (the drafter's mask block) or ar (a plain autoregressive LM, the "
                  "baseline drafter of vLLM's draft_model method; needs --finetune full)",
-    "num_layers": "decoder layers kept by --init-from",
+    "num_layers": "decoder layers kept by --init-from (--arch conditioned: drafter layers)",
+    "arch": "block-causal (a drafter that sees token ids only) or conditioned (reads the "
+            "verifier's hidden states, DFlash-style; --init-from names the verifier)",
+    "num_taps": "--arch conditioned/injected: verifier layers tapped, spread from layer 1 to N-3",
+    "verifier": "verifier model directory (generate; train --arch injected: the verifier whose "
+                "hidden states the drafter reads)",
     "draft_vocab": "reduced-vocabulary table (d2t.safetensors) for --init-from",
     "draft_vocab_size": "train: build that table for --init-from from the data, the N verifier "
                         "ids most frequent in it (saved as OUTPUT/d2t.safetensors); export: "
                         "ship the same kind of table for a run that trained the full head",
     "init_lora": "a LoRA adapter merged into the starting weights",
     "tokenizer": "tokenizer directory the data is checked against (default: beside the drafter)",
-    "loss": "streak (default), streak-soft, position-avg, mdm or kl",
+    "loss": "streak (default), streak-soft, position-avg, mdm, ce-decay (cross-entropy with "
+            "DFlash's position decay exp(-(k-1)/(gamma/2))) or kl",
     "gamma": "draft window (tokens per draft)",
-    "draft_temperature": "drafter softmax temperature T_d (as used at inference)",
+    "drafter_temperature": "drafter softmax temperature T_d (the plugin's drafter_temperature)",
     "windows_per_seq": "windows packed per sequence (one context pass serves them all)",
     "grad_accum": "micro-batches per optimizer step",
     "steps": "optimizer steps",
@@ -101,7 +110,8 @@ HELP = {
     "candidates": "[NAME=]PATH[+ADAPTER]: a drafter directory, a `train` output directory, or a "
                   "drafter plus an adapter; repeat to compare side by side",
     "verifier_temperature": "temperature of the verifier's p in the expected accepted length",
-    "num_drafts": "drafts K sampled per window (K > 1 also reports the self-selected max)",
+    "num_drafts": "drafts K sampled per window (K > 1 also reports the self-selected max; the "
+                  "plugin's num_drafts)",
     "max_windows": "held-out windows evaluated",
     "split": "heldout (the prompts train held out) or all",
     "plot": "write the per-position acceptance PNG",
@@ -111,9 +121,11 @@ HELP = {
                      "accepted length at T = 1 / the greedy one at T = 0), several times cheaper",
 }
 SINGULAR = {"candidates": "candidate"}
+# old flags, still accepted with a warning: field -> flags
+DEPRECATED = {"drafter_temperature": ("--draft-temperature",)}
 REQUIRED = {"corpus": {"output"}, "generate": {"verifier", "prompts", "output"},
             "train": {"data", "output"}, "eval": {"data", "verifier", "candidates"},
-            "export": {"run", "verifier", "output"}, "datastore": {"data", "output"}}
+            "export": {"verifier", "output"}, "datastore": {"data", "output"}}
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type, required: set[str]) -> None:
@@ -143,6 +155,19 @@ def _add_fields(parser: argparse.ArgumentParser, cls: type, required: set[str]) 
         kw["help"] += "" if default in (None, [], "") or kw.get("required") else \
             f" (default: {','.join(default) if isinstance(default, list) else default})"
         parser.add_argument(flag, **kw)
+        for old in DEPRECATED.get(f.name, ()):
+            parser.add_argument(old, dest=f.name, type=kw["type"], action=_Deprecated,
+                                metavar=flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+class _Deprecated(argparse.Action):
+    """An old spelling of a flag: stores like the new one, and warns."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        warnings.warn(f"{option_string} is deprecated; use {self.metavar}", FutureWarning,
+                      stacklevel=2)
+        setattr(namespace, self.dest, values)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -119,6 +119,7 @@ class SequenceData:
     topk_ids: torch.Tensor | None  # [Tgen, k] int64
     topk_logprobs: torch.Tensor | None  # [Tgen, k] float32
     meta: dict
+    features: torch.Tensor | None = None  # [T, F] verifier features (conditioned drafters)
 
     def __len__(self) -> int:
         return int(self.prompt_lens.shape[0])
@@ -161,7 +162,10 @@ class SequenceData:
             tokens=torch.cat(seqs) if seqs else self.tokens[:0],
             seq_offsets=offsets, prompt_lens=plens,
             prompt_index=self.prompt_index[indices] if indices else self.prompt_index[:0],
-            gen_offsets=gen_offsets, topk_ids=ids, topk_logprobs=lps, meta=self.meta)
+            gen_offsets=gen_offsets, topk_ids=ids, topk_logprobs=lps, meta=self.meta,
+            features=None if self.features is None else torch.cat(
+                [self.features[self.seq_offsets[i]:self.seq_offsets[i + 1]] for i in indices]
+                or [self.features[:0]]))
 
 
 def data_dirs(data: str | Path) -> list[Path]:
@@ -211,6 +215,7 @@ def load_sequences(data: str | Path) -> SequenceData:
     gen_lengths = seq_offsets[1:] - seq_offsets[:-1] - prompt_lens
     gen_offsets = torch.zeros(len(prompt_lens) + 1, dtype=torch.int64)
     gen_offsets[1:] = gen_lengths.cumsum(0)
+    meta["_shards"] = [str(p) for p in paths]
     if ids and len(ids) != len(paths):
         raise ValueError(f"--data {data}: some shards have soft targets and some do not")
     return SequenceData(

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from vllm_specdiff.core import DEFAULT_GAMMA
 from vllm_specdiff.core.metrics import SpecDecodeStats
 from vllm_specdiff.core.sampling import draft_marginals, sample_drafts, target_probs
 from vllm_specdiff.core.scoring import expected_streak
@@ -55,8 +56,8 @@ class EvalConfig:
     verifier: str
     candidates: list[str] = field(default_factory=list)
     output: str = "eval.json"
-    gamma: int = 8
-    draft_temperature: float = 1.0
+    gamma: int = DEFAULT_GAMMA
+    drafter_temperature: float = 1.0
     verifier_temperature: float = 1.0  # the p in tau; 0 = greedy (one-hot) verifier
     num_drafts: int = 1
     windows_per_seq: int = 4
@@ -73,7 +74,7 @@ class EvalConfig:
             raise ValueError("pass at least one --candidate")
         if self.gamma < 1 or self.num_drafts < 1 or self.max_windows < 1:
             raise ValueError("--gamma, --num-drafts and --max-windows must be >= 1")
-        if self.draft_temperature < 0 or self.verifier_temperature < 0:
+        if self.drafter_temperature < 0 or self.verifier_temperature < 0:
             raise ValueError("temperatures must be >= 0")
         if self.split not in ("heldout", "all"):
             raise ValueError(f"--split must be heldout or all, got {self.split!r}")
@@ -166,7 +167,7 @@ class Evaluator:
         else:
             drafter = load_drafter(cand.drafter, lora=cand.lora, cache_size=0)
         vocab = VocabMap(drafter.vocab_size, drafter.draft_to_verifier)
-        on_data = _DataScores(cfg.gamma, max(cfg.draft_temperature, 1e-6))
+        on_data = _DataScores(cfg.gamma, max(cfg.drafter_temperature, 1e-6))
         on_verifier = _VerifierScores(cfg) if self.verifier is not None else None
         for lo in tqdm(range(0, len(self.windows), cfg.batch_size), desc=f"eval {cand.name}",
                        unit="batch"):
@@ -259,7 +260,7 @@ class _VerifierScores:
             starts: list[int]) -> None:
         cfg = self.cfg
         v = logits.shape[-1]  # logits [N, G, V] in verifier ids
-        drafts = sample_drafts(draft_marginals(logits, cfg.draft_temperature), cfg.num_drafts,
+        drafts = sample_drafts(draft_marginals(logits, cfg.drafter_temperature), cfg.num_drafts,
                                generator=self.gen)  # [N, K, G]
         greedy = logits.argmax(-1)[:, None]  # [N, 1, G]
         rows = torch.cat([drafts, greedy], dim=1)

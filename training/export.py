@@ -16,22 +16,39 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vllm_specdiff.drafter.checkpoint import read_config
+from vllm_specdiff.drafter.conditioned import ConditionedDrafter
 from vllm_specdiff.drafter.slim import slim_checkpoint
 from vllm_specdiff.drafter.vocab import D2T_FILE, copy_tokenizer_files, save_d2t
 
 from .data import load_sequences, split_heldout
+from .export_dflash import export_dflash
 from .model import drafter_from_checkpoint, save_full
 from .trainer import LOG_FILE, build_data_vocab, latest_checkpoint
 
 CURVE_FILE = "learning_curve.json"
 
 
+FORMATS = ("specdiff", "dflash")
+
+
 @dataclass
 class ExportConfig:
-    run: str  # a `train` output directory (its latest checkpoint is used) or a checkpoint
     verifier: str
     output: str
+    run: str | None = None  # a `train` output directory (its latest checkpoint) or a checkpoint
+    drafter: str | None = None  # or: a conditioned drafter directory (--format dflash)
     draft_vocab_size: int | None = None  # ship a reduced head: the run's N most frequent ids
+    format: str = "specdiff"  # specdiff (the plugin's directory) | dflash (vLLM's own method)
+
+    def validate(self) -> None:
+        if (self.run is None) == (self.drafter is None):
+            raise ValueError("pass exactly one of --run (a training run) or --drafter (a "
+                             "conditioned drafter directory)")
+        if self.format not in FORMATS:
+            raise ValueError(f"--format must be {' or '.join(FORMATS)}, got {self.format!r}")
+        if self.drafter is not None and self.format != "dflash":
+            raise ValueError("--drafter is exported with --format dflash (a drafter directory "
+                             "already is the plugin's format)")
 
 
 def resolve_checkpoint(run: Path) -> tuple[Path, Path]:
@@ -145,9 +162,32 @@ def _export_causal(cfg: ExportConfig, checkpoint: Path, out: Path) -> dict:
             "num_hidden_layers": drafter.num_layers}
 
 
+def _export_conditioned(cfg: ExportConfig, drafter: ConditionedDrafter, out: Path) -> dict:
+    if cfg.draft_vocab_size is not None:
+        raise ValueError("--draft-vocab-size: a conditioned drafter's head is chosen when it is "
+                         "trained (train --draft-vocab-size)")
+    if cfg.format == "dflash":
+        return export_dflash(drafter, cfg.verifier, out)
+    drafter.save_pretrained(out)
+    copy_tokenizer_files(cfg.verifier, out)
+    return {"output": str(out), "format": "specdiff", "model_type": drafter.cfg.model_type}
+
+
 def run_export(cfg: ExportConfig) -> dict:
+    cfg.validate()
+    out = Path(cfg.output)
+    if cfg.drafter is not None:
+        drafter = ConditionedDrafter.from_pretrained(cfg.drafter, cfg.verifier)
+        return _export_conditioned(cfg, drafter, out)
     checkpoint, run_dir = resolve_checkpoint(Path(cfg.run))
     state = json.loads((checkpoint / "state.json").read_text())
+    if state["config"].get("arch") == "conditioned":
+        summary = _export_conditioned(cfg, drafter_from_checkpoint(checkpoint), out)
+        return {**summary, "step": state["step"],
+                **_write_curve(run_dir, checkpoint, state, out, "conditioned drafter")}
+    if cfg.format != "specdiff":
+        raise ValueError("--format dflash exports conditioned drafters (train --arch "
+                         "conditioned); this run trained another kind")
     if state["config"].get("objective") == "ar":
         out = Path(cfg.output)
         summary = _export_causal(cfg, checkpoint, out)

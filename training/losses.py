@@ -41,7 +41,7 @@ def _gather(log_q: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
 def drafter_log_probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """log softmax(logits / T_d) in float32; T_d must be > 0 (a point mass has no gradient)."""
     if temperature <= 0:
-        raise ValueError(f"--draft-temperature must be > 0 for training, got {temperature}")
+        raise ValueError(f"--drafter-temperature must be > 0 for training, got {temperature}")
     return (logits.float() / temperature).log_softmax(dim=-1)
 
 
@@ -86,6 +86,21 @@ def mdm_loss(logits: torch.Tensor, targets: Targets, temperature: float = 1.0) -
     return -total / covered.sum(dim=-1).clamp(min=1)
 
 
+def ce_decay_loss(logits: torch.Tensor, targets: Targets, temperature: float = 1.0
+                  ) -> torch.Tensor:
+    """Cross-entropy weighted by exp(-(k-1)/g), g = gamma/2 (DFlash: 4 at block 8, ~7 at 16):
+    later positions matter less because a draft rarely survives to them."""
+    del temperature
+    gamma = targets.tokens.shape[-1]
+    log_q = logits.float().log_softmax(dim=-1)
+    covered = targets.tokens >= 0
+    picked = log_q.gather(-1, targets.tokens.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    weight = torch.exp(-torch.arange(gamma, device=logits.device) / max(gamma / 2, 1.0))
+    weight = weight * covered
+    total = (torch.where(covered, picked, torch.zeros_like(picked)) * weight).sum(dim=-1)
+    return -total / weight.sum(dim=-1).clamp(min=1e-6)
+
+
 def kl_loss(logits: torch.Tensor, targets: Targets, temperature: float = 1.0) -> torch.Tensor:
     """Soft cross-entropy to the verifier's top-k, renormalised over the ids the drafter covers.
 
@@ -111,6 +126,7 @@ LOSSES: dict[str, LossFn] = {
     "streak-soft": streak_soft_loss,
     "position-avg": position_avg_loss,
     "mdm": mdm_loss,
+    "ce-decay": ce_decay_loss,
     "kl": kl_loss,
 }
 SOFT_LOSSES = frozenset({"streak-soft", "kl"})

@@ -4,6 +4,7 @@ and write the result in the form the proposer loads (a PEFT adapter, or a full d
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -69,8 +70,51 @@ class WindowModel(nn.Module):
         super().__init__()
         self.drafter = drafter
 
-    def forward(self, input_ids: torch.Tensor, starts: torch.Tensor, gamma: int) -> torch.Tensor:
-        return self.drafter.window_logits(input_ids, starts, gamma)
+    def forward(self, input_ids: torch.Tensor, starts: torch.Tensor, gamma: int,
+                features: torch.Tensor | None = None) -> torch.Tensor:
+        if features is None:
+            return self.drafter.window_logits(input_ids, starts, gamma)
+        return self.drafter.window_logits(input_ids, starts, gamma, features)
+
+
+def conditioned_taps(verifier: str, num_taps: int) -> tuple[int, ...]:
+    """The verifier layers a new conditioned drafter taps (DFlash's spread)."""
+    from vllm_specdiff.drafter.checkpoint import read_config
+    from vllm_specdiff.drafter.conditioned import spread_taps
+
+    return spread_taps(int(read_config(verifier)["num_hidden_layers"]), num_taps)
+
+
+def build_conditioned(verifier: str, num_layers: int, taps: tuple[int, ...], gamma: int,
+                      draft_vocab: str | None, seed: int) -> nn.Module:
+    """A new verifier-conditioned drafter: random layers, the verifier's embedding and head."""
+    from vllm_specdiff.drafter.checkpoint import read_config
+    from vllm_specdiff.drafter.conditioned import ConditionedConfig, ConditionedDrafter
+    from vllm_specdiff.drafter.vocab import load_d2t
+
+    if not Path(verifier).is_dir():
+        raise FileNotFoundError(f"--init-from {verifier}: not a directory")
+    base = ConditionedConfig.for_verifier(read_config(verifier), num_layers=num_layers,
+                                          num_taps=len(taps), block_size=gamma + 1)
+    cfg = dataclasses.replace(base, target_layer_ids=taps)
+    d2t = load_d2t(Path(draft_vocab)) if draft_vocab is not None else None
+    return ConditionedDrafter.from_verifier(verifier, cfg, seed, d2t)
+
+
+def build_for_arch(cfg: dict, draft_vocab: str | None) -> tuple[nn.Module, tuple[int, ...]]:
+    """The drafter a `train` config starts from, and the verifier taps it reads (none for the
+    token-only block-causal drafter): one place for `train` and for rebuilding checkpoints."""
+    arch = cfg.get("arch", "block-causal")
+    source = {"conditioned": cfg.get("init_from"), "injected": cfg.get("verifier")}.get(arch)
+    taps = conditioned_taps(source, cfg["num_taps"]) if source else ()
+    if arch == "conditioned":
+        return build_conditioned(source, cfg["num_layers"], taps, cfg["gamma"], draft_vocab,
+                                 cfg["seed"]), taps
+    drafter = build_drafter(cfg["drafter"], cfg["init_from"], cfg["num_layers"], draft_vocab,
+                            cfg["init_lora"], cfg.get("objective", "diffusion"))
+    if arch == "injected":
+        drafter.add_injection(taps)
+    return drafter, taps
 
 
 def add_lora(drafter: Drafter, rank: int, alpha: float, dropout: float,
@@ -171,8 +215,7 @@ def drafter_from_checkpoint(path: Path) -> Drafter | CausalLMDrafter:
     draft_vocab = cfg["draft_vocab"]
     if cfg.get("draft_vocab_size") and draft_vocab is None:  # built by the run: out/d2t.safetensors
         draft_vocab = str(path.parent.parent / DATA_VOCAB_FILE)
-    drafter = build_drafter(cfg["drafter"], cfg["init_from"], cfg["num_layers"], draft_vocab,
-                            cfg["init_lora"], cfg.get("objective", "diffusion"))
+    drafter, _ = build_for_arch(cfg, draft_vocab)
     if cfg["finetune"] == "lora":
         add_lora(drafter, cfg["lora_rank"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
     load_trainable_state(drafter, load_file(str(path / "trainable.safetensors")))

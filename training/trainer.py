@@ -22,6 +22,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
+from vllm_specdiff.core import DEFAULT_GAMMA
 from vllm_specdiff.drafter.vocab import copy_tokenizer_files
 
 from .data import (
@@ -32,13 +33,15 @@ from .data import (
     split_heldout,
     tokenizer_fingerprint,
 )
+from .features import attach_features
 from .losses import SOFT_LOSSES, Targets, expected_streak_of, get_loss, greedy_accepted_of
 from .model import (
     DATA_VOCAB_FILE,
     DEFAULT_LORA_TARGETS,
     WindowModel,
     add_lora,
-    build_drafter,
+    build_for_arch,
+    conditioned_taps,
     enable_gradient_checkpointing,
     load_trainable_state,
     save_adapter,
@@ -60,6 +63,10 @@ from .windows import (
 log = logging.getLogger(__name__)
 
 OBJECTIVES = ("diffusion", "ar")
+# block-causal: token ids only; conditioned: DFlash-style KV injection of the verifier's features
+# (a new drafter, --init-from VERIFIER); injected: an existing block-causal drafter (--drafter)
+# plus zero-initialised feature injection into its context stream (--verifier VERIFIER).
+ARCHS = ("block-causal", "conditioned", "injected")
 CKPT_DIR = "checkpoints"
 LOG_FILE = "log.jsonl"
 ADAPTER_DIR = "adapter"
@@ -78,9 +85,12 @@ class TrainConfig:
     init_lora: str | None = None  # an adapter merged into the starting weights
     tokenizer: str | None = None  # tokenizer the data must have been made with
     objective: str = "diffusion"  # diffusion (the drafter's mask block) | ar (a plain causal LM)
+    arch: str = "block-causal"  # block-causal | conditioned | injected (see ARCHS)
+    num_taps: int = 3  # conditioned/injected: verifier layers tapped (spread from 1 to N-3)
+    verifier: str | None = None  # injected: the verifier whose features are read
     loss: str = "streak"
-    gamma: int = 8
-    draft_temperature: float = 1.0
+    gamma: int = DEFAULT_GAMMA
+    drafter_temperature: float = 1.0
     windows_per_seq: int = 8
     batch_size: int = 4
     grad_accum: int = 1
@@ -113,8 +123,8 @@ class TrainConfig:
         for name in ("gamma", "windows_per_seq", "batch_size", "grad_accum", "steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.draft_temperature <= 0:
-            raise ValueError("--draft-temperature must be > 0")
+        if self.drafter_temperature <= 0:
+            raise ValueError("--drafter-temperature must be > 0")
         if self.finetune not in ("lora", "full"):
             raise ValueError(f"--finetune must be lora or full, got {self.finetune!r}")
         if self.schedule not in ("cosine", "linear", "constant"):
@@ -125,12 +135,37 @@ class TrainConfig:
         if self.save_every < 1:
             raise ValueError("--save-every must be >= 1")
         self._validate_objective()
+        self._validate_arch()
         if self.draft_vocab_size is not None:
             if self.draft_vocab is not None or self.init_from is None:
                 raise ValueError("--draft-vocab-size builds the reduced head for --init-from; "
                                  "do not combine it with --draft-vocab or --drafter")
             if self.draft_vocab_size < 1:
                 raise ValueError("--draft-vocab-size must be >= 1")
+
+    def _validate_arch(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"--arch must be {' or '.join(ARCHS)}, got {self.arch!r}")
+        if self.arch == "block-causal":
+            return
+        if self.num_taps < 1:
+            raise ValueError("--num-taps must be >= 1")
+        if self.arch == "injected":
+            if self.drafter is None or self.verifier is None:
+                raise ValueError("--arch injected adds verifier features to the block-causal "
+                                 "drafter given by --drafter; name the verifier with --verifier")
+            return
+        if self.init_from is None or self.drafter is not None:
+            raise ValueError("--arch conditioned builds a new drafter for the verifier given "
+                             "by --init-from (its embedding, head and features)")
+        if self.objective != "diffusion" or self.finetune != "full" or self.init_lora:
+            raise ValueError("--arch conditioned trains with --objective diffusion, "
+                             "--finetune full and no --init-lora")
+
+    @property
+    def feature_source(self) -> str | None:
+        """The verifier whose hidden states the drafter reads (None: token ids only)."""
+        return {"conditioned": self.init_from, "injected": self.verifier}.get(self.arch)
 
     def _validate_objective(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -200,11 +235,14 @@ _RESUMABLE_CHANGES = frozenset({"output", "steps", "save_every", "eval_every", "
                                 "resume", "mixed_precision", "gradient_checkpointing"})
 # Settings added after runs were saved, with the value those runs had.
 _ADDED_FIELDS = {"objective": "diffusion"}
+# Settings renamed after runs were saved: old name -> name now.
+_RENAMED_FIELDS = {"draft_temperature": "drafter_temperature"}
 
 
 def _check_same_run(checkpoint: Path, cfg: TrainConfig) -> None:
     """Resuming with other data, model or loss settings would silently train something else."""
     saved = {**_ADDED_FIELDS, **json.loads((checkpoint / "state.json").read_text())["config"]}
+    saved = {_RENAMED_FIELDS.get(k, k): v for k, v in saved.items()}
     now = asdict(cfg)
     diff = sorted(k for k in now if k not in _RESUMABLE_CHANGES and saved.get(k) != now[k]
                   and not (k == "data" and _appends_data(saved[k], now[k])))
@@ -239,6 +277,10 @@ class Trainer:
                                        cpu=not torch.cuda.is_available())
         data = load_sequences(Path(cfg.data))
         check_data_tokenizer(data.meta, cfg)
+        if cfg.feature_source is not None:
+            attach_features(data, cfg.feature_source,
+                            conditioned_taps(cfg.feature_source, cfg.num_taps),
+                            str(self.accelerator.device))
         if cfg.loss in SOFT_LOSSES and not data.has_soft_targets:
             raise ValueError(f"--loss {cfg.loss} needs soft targets: regenerate the data with "
                              f"`generate --top-logprobs K`")
@@ -250,8 +292,7 @@ class Trainer:
         if cfg.draft_vocab_size is not None:
             draft_vocab = str(ensure_data_vocab(self.out, self.train_data, cfg.draft_vocab_size,
                                                 cfg.tokenizer or cfg.init_from))
-        self.drafter = build_drafter(cfg.drafter, cfg.init_from, cfg.num_layers, draft_vocab,
-                                     cfg.init_lora, cfg.objective)
+        self.drafter, _ = build_for_arch(asdict(cfg), draft_vocab)
         # ar: the batch also holds the targets' prefixes, and no mask block is run
         self.lookahead = cfg.gamma - 1 if cfg.objective == "ar" else 0
         self.block_tokens = 0 if cfg.objective == "ar" else cfg.gamma
@@ -273,7 +314,9 @@ class Trainer:
             self.lora_config = add_lora(self.drafter, cfg.lora_rank, cfg.lora_alpha,
                                         cfg.lora_dropout, cfg.lora_targets)
         else:
-            select_trainable(self.drafter, cfg.train_params, cfg.freeze_params)
+            # a conditioned drafter shares the verifier's embedding and head, frozen
+            shared = ["embed_tokens", "lm_head"] if cfg.arch == "conditioned" else []
+            select_trainable(self.drafter, cfg.train_params, cfg.freeze_params + shared)
         if cfg.gradient_checkpointing:
             enable_gradient_checkpointing(self.drafter)
         self.drafter.train()
@@ -332,7 +375,9 @@ class Trainer:
     def _forward(self, batch: WindowBatch) -> tuple[torch.Tensor, Targets]:
         """Logits [N, G, V_draft] of the batch's valid windows and their targets (drafter ids)."""
         device = self.accelerator.device
-        logits = self.model(batch.input_ids.to(device), batch.starts.to(device), self.cfg.gamma)
+        features = None if batch.features is None else batch.features.to(device)
+        logits = self.model(batch.input_ids.to(device), batch.starts.to(device), self.cfg.gamma,
+                            features)
         logits = logits[batch.valid.to(device)]
         t = batch.targets(self.vocab)
         targets = Targets(t.tokens.to(device),
@@ -350,12 +395,12 @@ class Trainer:
             ctx = acc.no_sync(self.model) if not last else contextlib.nullcontext()
             with ctx, acc.autocast():
                 logits, targets = self._forward(batch)
-                loss = self.loss_fn(logits, targets, cfg.draft_temperature)
+                loss = self.loss_fn(logits, targets, cfg.drafter_temperature)
                 mean = loss.mean() / cfg.grad_accum
                 acc.backward(mean)
             total_loss += float(mean.detach())
             streak_sum += float(expected_streak_of(logits.detach(), targets,
-                                                   cfg.draft_temperature).sum())
+                                                   cfg.drafter_temperature).sum())
             windows += batch.num_windows
             tokens += batch.input_ids.numel() + batch.num_windows * self.block_tokens
         grad_norm = float("nan")
@@ -401,7 +446,7 @@ class Trainer:
                                lookahead=self.lookahead)
             with self.accelerator.autocast():
                 logits, targets = self._forward(batch)
-            streak += float(expected_streak_of(logits, targets, cfg.draft_temperature).sum())
+            streak += float(expected_streak_of(logits, targets, cfg.drafter_temperature).sum())
             greedy += float(greedy_accepted_of(logits, targets).sum())
             count += batch.num_windows
         self.drafter.train(was_training)

@@ -29,6 +29,7 @@ class WindowBatch:
     tokens: torch.Tensor  # [B, M, G] verifier ids of x_1..x_G
     topk_ids: torch.Tensor | None = None  # [B, M, G, k] verifier ids
     topk_logprobs: torch.Tensor | None = None  # [B, M, G, k]
+    features: torch.Tensor | None = None  # [B, L, F] verifier features of input_ids
 
     @property
     def num_windows(self) -> int:
@@ -103,10 +104,16 @@ def make_batch(data: SequenceData, seq_ids: list[int], starts: list[list[int]], 
     k = data.topk_ids.shape[1] if soft and data.topk_ids is not None else 0
     topk_ids = torch.zeros(b, m, gamma, k, dtype=torch.long) if soft else None
     topk_lps = torch.full((b, m, gamma, k), float("-inf")) if soft else None
+    feats = None
+    if data.features is not None:
+        feats = torch.zeros(b, length, data.features.shape[1], dtype=data.features.dtype)
     for row, (i, ss) in enumerate(zip(seq_ids, starts, strict=True)):
         seq = data.sequence(i)
         n = min(length, seq.numel())
         input_ids[row, :n] = seq[:n]
+        if feats is not None:
+            lo = int(data.seq_offsets[i])
+            feats[row, :n] = data.features[lo:lo + n]
         plen = int(data.prompt_lens[i])
         if soft:
             ids, lps = data.soft_targets(i)
@@ -118,7 +125,7 @@ def make_batch(data: SequenceData, seq_ids: list[int], starts: list[list[int]], 
             if soft:
                 topk_ids[row, col] = ids[s - plen:s - plen + gamma]
                 topk_lps[row, col] = lps[s - plen:s - plen + gamma]
-    return WindowBatch(input_ids, start_t, valid, tokens, topk_ids, topk_lps)
+    return WindowBatch(input_ids, start_t, valid, tokens, topk_ids, topk_lps, feats)
 
 
 def sample_batch(data: SequenceData, eligible: list[int], batch_size: int, windows_per_seq: int,

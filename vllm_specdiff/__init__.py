@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 __all__ = ["SpecDiffProposer", "__version__"]
 
 
-def __getattr__(name: str) -> Any:  # noqa: ANN401
+def __getattr__(name: str) -> Any:
     if name == "SpecDiffProposer":
         from vllm_specdiff.plugin.proposer import SpecDiffProposer
 

@@ -67,7 +67,7 @@ class Comparison:
         }
 
 
-def _run(llm: Any, prompt_ids: list[int], params: Any) -> tuple[list[int], float]:  # noqa: ANN401
+def _run(llm: Any, prompt_ids: list[int], params: Any) -> tuple[list[int], float]:
     from vllm.inputs import TokensPrompt
 
     start = time.perf_counter()
@@ -75,7 +75,7 @@ def _run(llm: Any, prompt_ids: list[int], params: Any) -> tuple[list[int], float
     return list(out[0].outputs[0].token_ids), time.perf_counter() - start
 
 
-def compare(plain: Any, spec: Any, prompts: list[list[int]], params: Any,  # noqa: ANN401
+def compare(plain: Any, spec: Any, prompts: list[list[int]], params: Any,
             progress: bool = True) -> Comparison:
     """Decode every prompt (batch 1) with both engines; see the module docstring."""
     from vllm import SamplingParams

@@ -117,13 +117,13 @@ def load_prompts(source: str, limit: int | None = None) -> list[Messages]:
     return prompts
 
 
-def render_chat(tokenizer: Any, messages: Messages) -> list[int]:  # noqa: ANN401
+def render_chat(tokenizer: Any, messages: Messages) -> list[int]:
     """Token ids of the chat template with the assistant turn opened (as vLLM's chat does)."""
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
 
 
-def encode_prompt(tokenizer: Any, prompt: Prompt, chat: ChatMode = "auto",  # noqa: ANN401
+def encode_prompt(tokenizer: Any, prompt: Prompt, chat: ChatMode = "auto",
                   max_tokens: int | None = None) -> list[int]:
     """Token ids of one prompt, keeping its last `max_tokens` (the part nearest the reply).
 

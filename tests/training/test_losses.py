@@ -1,5 +1,7 @@
 """Each loss (value and gradient) against an explicit, loop-written formula in float64."""
 
+import math
+
 import pytest
 import torch
 
@@ -37,6 +39,11 @@ def _reference(name, logits, t, temp):
         elif name == "mdm":
             cov = [j for j in range(g) if t.tokens[b, j] >= 0]
             out.append(-sum(q[j, t.tokens[b, j]].log() for j in cov) / max(len(cov), 1))
+        elif name == "ce-decay":  # weight exp(-(k-1)/(g/2)) at position k
+            cov = [j for j in range(g) if t.tokens[b, j] >= 0]
+            w = [math.exp(-j / (g / 2)) for j in cov]
+            out.append(-sum(wj * q[j, t.tokens[b, j]].log() for wj, j in zip(w, cov, strict=True))
+                       / max(sum(w), 1e-6))
         elif name == "kl":
             total, rows = 0.0, 0
             for j in range(g):
@@ -109,5 +116,5 @@ def test_soft_loss_without_soft_targets_is_a_clear_error():
         get_loss("streak-soft")(logits, Targets(t.tokens), 1.0)
     with pytest.raises(ValueError, match="--loss must be one of"):
         get_loss("nope")
-    with pytest.raises(ValueError, match="draft-temperature"):
+    with pytest.raises(ValueError, match="drafter-temperature"):
         get_loss("streak")(logits, t, 0.0)

@@ -115,7 +115,7 @@ def test_method_specs_become_engine_arguments():
     assert k4["worker_cls"] == tree_worker()
     assert k4["speculative_config"]["num_speculative_tokens"] == 4
     section = k4["additional_config"]["specdiff"]
-    assert section["K"] == 4 and section["drafter_temperature"] == 1.5
+    assert section["num_drafts"] == 4 and section["drafter_temperature"] == 1.5
     assert section["candidates"] == ["argmax", "sample", "ngram"]
     assert engine_args(methods[2], Drafters())["speculative_config"]["num_speculative_tokens"] == 8
     alone = engine_args(parse_methods("specdiff2-nolookup", 8)[1], Drafters())
@@ -180,7 +180,7 @@ def test_results_table_renders_a_suite_result():
     result = {"suite": {"methods": [
         {"label": "plain", "kind": "plain", "gamma": None, "options": {}},
         {"label": "specdiff2-k4", "kind": "specdiff", "gamma": 8,
-         "options": {"K": 4, "drafter_temperature": 1.0}}]},
+         "options": {"num_drafts": 4, "drafter_temperature": 1.0}}]},
         "cells": [{**cell, "method": "plain", "tokens_per_s": 20.0, "speedup": 1.0},
                   {**cell, "method": "specdiff2-k4", "tokens_per_s": 30.0, "speedup": 1.5}],
         "provenance": {"date": "D", "machine": {"cpu": "C"}}}

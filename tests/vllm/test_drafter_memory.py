@@ -56,7 +56,7 @@ def _cache_stats(llm) -> dict:
 
 def test_byte_budget_holds_through_vllm(tiny_verifier, tiny_drafter, expected):
     """Fixed gamma here and below: the cache figures assume a draft every step (adaptive
-    drafting skips steps, which only leaves more to catch up on: test_adaptive.py)."""
+    drafting skips steps, which only leaves more to catch up on: test_adaptive_engine.py)."""
     from vllm import LLM
 
     spec = LLM(**_engine_kwargs(tiny_verifier),

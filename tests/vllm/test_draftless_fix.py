@@ -33,7 +33,7 @@ pytestmark = pytest.mark.vllm
 VOCAB = 40
 
 
-def _metadata(drafts: list[list[int]]) -> Any:  # noqa: ANN401
+def _metadata(drafts: list[list[int]]) -> Any:
     """A step's SpecDecodeMetadata laid out as `_calc_spec_decode_metadata` lays it out: each
     request's draft rows, then its bonus row."""
     from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
@@ -74,7 +74,7 @@ def _fake_runner(holder: _Holder | None = None) -> SimpleNamespace:
     )
 
 
-def _vllm_sample() -> Any:  # noqa: ANN401
+def _vllm_sample() -> Any:
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     current = GPUModelRunner._sample
@@ -120,7 +120,7 @@ def samplers() -> tuple[Any, Any]:
 
 
 def _sampling_metadata(rows: int, seeds: dict[int, int],
-                       logprobs: int | None) -> Any:  # noqa: ANN401
+                       logprobs: int | None) -> Any:
     """Temperature 1, top-k 7 on row 0, penalties on every row, past output tokens."""
     from vllm.v1.sample.logits_processor import LogitsProcessors
     from vllm.v1.sample.metadata import SamplingMetadata
@@ -203,11 +203,11 @@ def _engine_kwargs(model) -> dict:  # noqa: ANN001
                 kv_cache_memory_bytes=2_000_000, dtype="float32", enforce_eager=True)
 
 
-def _drafter(worker: Any) -> Any:  # noqa: ANN401 - runs inside the vLLM worker
+def _drafter(worker: Any) -> Any:  # runs inside the vLLM worker
     return getattr(worker, "worker", worker).model_runner.drafter
 
 
-def _draft_nothing(worker: Any) -> bool:  # noqa: ANN401 - runs inside the vLLM worker
+def _draft_nothing(worker: Any) -> bool:  # runs inside the vLLM worker
     """The proposer drafts nothing for any row (its own propose is kept for `_draft_again`)."""
     proposer = _drafter(worker)
     proposer.own_propose = getattr(proposer, "own_propose", proposer.propose)
@@ -215,7 +215,7 @@ def _draft_nothing(worker: Any) -> bool:  # noqa: ANN401 - runs inside the vLLM 
     return True
 
 
-def _draft_again(worker: Any) -> bool:  # noqa: ANN401 - runs inside the vLLM worker
+def _draft_again(worker: Any) -> bool:  # runs inside the vLLM worker
     proposer = _drafter(worker)
     proposer.propose = proposer.own_propose
     return True
@@ -256,7 +256,7 @@ def counted(monkeypatch) -> dict[str, int]:
 
 
 @contextmanager
-def _without_drafts(llm: Any) -> Iterator[Any]:  # noqa: ANN401
+def _without_drafts(llm: Any) -> Iterator[Any]:
     assert llm.collective_rpc(_draft_nothing) == [True]
     try:
         yield llm
@@ -279,7 +279,7 @@ def vllm_sample_restored() -> Iterator[None]:
         assert fix_draftless_steps()
 
 
-def _generate(llm: Any, logprobs: int | None = None) -> list[Any]:  # noqa: ANN401
+def _generate(llm: Any, logprobs: int | None = None) -> list[Any]:
     from vllm import SamplingParams
 
     params = [SamplingParams(max_tokens=TOKENS, temperature=1.0, seed=s, ignore_eos=True,
@@ -287,7 +287,7 @@ def _generate(llm: Any, logprobs: int | None = None) -> list[Any]:  # noqa: ANN4
     return [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
 
 
-def _logprobs(output: Any) -> list[dict[int, float]]:  # noqa: ANN401
+def _logprobs(output: Any) -> list[dict[int, float]]:
     return [{t: lp.logprob for t, lp in step.items()} for step in output.logprobs]
 
 
@@ -330,7 +330,7 @@ def test_steps_with_drafts_still_go_through_the_rejection_sampler(engines, count
     assert 0 < counted["rejection"] < counted["spec_steps"]
 
 
-def _runner_class(worker: Any) -> str:  # noqa: ANN401 - runs inside the vLLM worker
+def _runner_class(worker: Any) -> str:  # runs inside the vLLM worker
     return type(getattr(worker, "worker", worker).model_runner).__name__
 
 
@@ -345,7 +345,7 @@ def test_the_tree_runner_passes_draftless_steps_to_the_fix(tiny_verifier, tiny_d
 
     tree = LLM(**_engine_kwargs(tiny_verifier), worker_cls=CPU_TREE_WORKER,
                async_scheduling=False,
-               **speculative_args(tiny_drafter, gamma=4, K=2, max_tree_tokens=9,
+               **speculative_args(tiny_drafter, gamma=4, num_drafts=2, max_tree_tokens=9,
                                   adaptive=False))
     assert tree.collective_rpc(_runner_class) == ["SpecDiffCPUModelRunner"]
     plain = _generate(engines[0])

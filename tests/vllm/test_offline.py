@@ -31,7 +31,7 @@ def engines(tiny_verifier, tiny_drafter):
     # float32 drafter: the tests below rely on its first token being exactly the verifier's
     # (int8, the CPU default, has its own greedy-identity test in test_quantize_option.py);
     # fixed gamma: the counters below assume GAMMA tokens per draft (adaptive drafting has its
-    # own engine tests in test_adaptive.py); the drafter alone (prompt-lookup drafts, on by
+    # own engine tests in test_adaptive_engine.py); the drafter alone (prompt-lookup drafts, on by
     # default, have theirs in test_lookup_drafts.py and test_sampling_distribution.py)
     spec = LLM(**preempting_engine_kwargs(tiny_verifier),
                **speculative_args(tiny_drafter, gamma=GAMMA, quantize="none", adaptive=False,

@@ -454,3 +454,115 @@ def test_drafter_temperature_has_one_name(tmp_path):
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['temperature'\].*"
                                          "'drafter_temperature'"):
         parse_specdiff_config({"specdiff": {"temperature": 0.5}})
+
+
+def test_every_option_is_declared_once_with_its_description():
+    """Type, default, bounds and description come from the one declaration; the defaults are
+    the dataclass's own."""
+    import dataclasses
+
+    from vllm_specdiff.plugin.config import DECLARED, OPTIONS
+
+    assert OPTIONS == tuple(f.name for f in dataclasses.fields(SpecDiffConfig))
+    for name, opt in DECLARED.items():
+        assert opt.spec.help and "\n" not in opt.spec.help, name
+        assert opt.default == getattr(SpecDiffConfig(), name)
+        if opt.nullable:
+            assert opt.spec.null, f"{name}: say what null means"
+
+
+def test_num_drafts_old_name_k_is_a_deprecated_alias():
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+
+    with pytest.warns(FutureWarning, match=r"\['K'\] is deprecated; use 'num_drafts'"):
+        assert parse_specdiff_config({"specdiff": {"K": 2}}, gamma=4).num_drafts == 2
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match=r"\['K'\] must be an "
+                                                                      "integer >= 1, got 0"):
+        parse_specdiff_config({"specdiff": {"K": 0}})  # the error names what was written
+    with pytest.warns(FutureWarning):
+        section = specdiff_engine_args(4, K=2)["additional_config"]["specdiff"]
+    assert section == {"num_drafts": 2}  # the engine sees the current name
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="name the same option"):
+        parse_specdiff_config({"specdiff": {"K": 2, "num_drafts": 2}})
+
+
+@pytest.mark.parametrize("spelling", ["-K", "--num-candidates"])
+def test_old_num_drafts_flags_warn(spelling):
+    from vllm_specdiff.cli import build_parser
+    from vllm_specdiff.commands.flags import spec_options
+
+    with pytest.warns(FutureWarning, match=f"{spelling} is deprecated; use --num-drafts"):
+        args = build_parser().parse_args(["demo", spelling, "3"])
+    assert spec_options(args)["num_drafts"] == 3
+    args = build_parser().parse_args(["demo", "--num-drafts", "2"])
+    assert spec_options(args)["num_drafts"] == 2
+
+
+def test_cli_flags_are_generated_from_the_declaration():
+    """Every option has a flag in generate/demo (the request's own --seed and --top-k stay the
+    request's), each value reaching the option of the same name."""
+    from vllm_specdiff.cli import build_parser
+    from vllm_specdiff.commands.flags import spec_options
+    from vllm_specdiff.plugin.config import OPTIONS
+
+    parser = build_parser()
+    args = parser.parse_args(["generate", "--input", "i", "--output", "o", "--drafter-seed", "5",
+                              "--seed", "9", "--top-k", "3",
+                              "--drafter-top-k", "7", "--no-adaptive", "--selection", "tree",
+                              "--refill-ratio", "0.5", "--candidates", "argmax,sample"])
+    options = spec_options(args)
+    assert set(options) == set(OPTIONS)
+    assert (options["seed"], options["top_k"], args.seed, args.top_k) == (5, 7, 9, 3)
+    assert options["adaptive"] is False and options["selection"] == "tree"
+    assert options["refill_ratio"] == 0.5 and options["candidates"] == ["argmax", "sample"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["demo", "--quantize", "int4"])  # choices come from the declaration
+
+
+def test_serve_help_lists_the_plugin_flags():
+    from vllm_specdiff.commands.flags import flag
+    from vllm_specdiff.commands.serve import plugin_help
+    from vllm_specdiff.plugin.config import DECLARED
+
+    text = " ".join(plugin_help().split())
+    assert "--speculative-model DIR" in text and "--num-speculative-tokens" in text
+    assert "drafter directory (any format `load_drafter` reads)" in text
+    for opt in DECLARED.values():
+        assert flag(opt) in text and " ".join(opt.spec.help.split()) in text
+
+
+def test_serve_takes_the_option_flags_with_the_shorthand(tiny_drafter):
+    from vllm_specdiff.commands.common import expand_speculative_model
+
+    d = str(tiny_drafter)
+    argv = expand_speculative_model(["m", "--speculative-model", d, "--drafter-temperature",
+                                     "0.5", "--no-adaptive", "--candidates=argmax,sample",
+                                     "--port", "1"])
+    assert argv[:3] == ["m", "--port", "1"]
+    assert json.loads(argv[argv.index("--additional-config") + 1]) == {"specdiff": {
+        "drafter": d, "drafter_temperature": 0.5, "adaptive": False,
+        "candidates": ["argmax", "sample"]}}
+    with pytest.raises(ValueError, match="--drafter-temperature goes with --speculative-model"):
+        expand_speculative_model(["m", "--drafter-temperature", "0.5"])
+    with pytest.raises(ValueError, match="--steps must be an integer, got 'two'"):
+        expand_speculative_model(["m", "--speculative-model", d, "--steps", "two"])
+    with pytest.raises(ValueError, match="both name a steps"):
+        expand_speculative_model(["m", "--speculative-model", d, "--steps", "2",
+                                  "--additional-config", '{"specdiff": {"steps": 1}}'])
+    with pytest.raises(ValueError, match=r"\['steps'\]=9 exceeds num_speculative_tokens=4"):
+        expand_speculative_model(["m", "--speculative-model", d, "--steps", "9",
+                                  "--num-speculative-tokens", "4"])
+
+
+def test_gamma_default_is_defined_once():
+    from vllm_specdiff.cli import build_parser
+    from vllm_specdiff.core import DEFAULT_GAMMA
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+    from vllm_specdiff_training.evaluate import EvalConfig
+    from vllm_specdiff_training.trainer import TrainConfig
+
+    parser = build_parser()
+    assert parser.parse_args(["generate", "--input", "i", "--output", "o"]).gamma == DEFAULT_GAMMA
+    assert parser.parse_args(["bench"]).gamma == DEFAULT_GAMMA
+    assert specdiff_engine_args()["speculative_config"]["num_speculative_tokens"] == DEFAULT_GAMMA
+    assert TrainConfig("d", "o").gamma == EvalConfig("d", "v").gamma == DEFAULT_GAMMA

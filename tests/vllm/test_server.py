@@ -181,7 +181,7 @@ def test_serve_with_four_candidates_matches_one(server, tiny_verifier, tiny_draf
     prompts = ["w1 w2 w3 w4", "w7 w3 w7 w3 w7", "w2 w9"]
     base1, model, _ = server
     expected = [_completion(base1, model, p, 24)["choices"][0]["text"] for p in prompts]
-    options = {"K": 4, "candidates": ["argmax", "sample"], "drafter_temperature": 1.5,
+    options = {"num_drafts": 4, "candidates": ["argmax", "sample"], "drafter_temperature": 1.5,
                "max_tree_tokens": 4 * GAMMA + 1, "adaptive": False, "log_interval": 0.5}
     with _serving(tiny_verifier, tiny_drafter, tmp_path / "server_k4.log", options) as served:
         base, _, log_path = served

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.vllm
 GAMMA = 4
 
 
-def _rank_proposer(drafter, seed: int) -> Any:  # noqa: ANN401
+def _rank_proposer(drafter, seed: int) -> Any:
     """SpecDiffProposer as each rank's model runner builds it (same config on every rank)."""
     from vllm_specdiff.drafter import load_drafter
     from vllm_specdiff.plugin.proposer import SpecDiffProposer
@@ -77,12 +77,12 @@ def test_every_rank_drafts_the_same_tokens_from_the_same_inputs(tiny_drafter):
     assert _drafts(_rank_proposer(tiny_drafter, seed=4), vocab) != first
 
 
-def _record_drafts(worker: Any) -> bool:  # noqa: ANN401 - runs inside each vLLM worker
+def _record_drafts(worker: Any) -> bool:  # runs inside each vLLM worker
     proposer = getattr(worker, "worker", worker).model_runner.drafter
     original = proposer.propose
     proposer.recorded_drafts = []
 
-    def propose(*args: Any, **kwargs: Any) -> list[list[int]]:  # noqa: ANN401
+    def propose(*args: Any, **kwargs: Any) -> list[list[int]]:
         drafts = original(*args, **kwargs)
         proposer.recorded_drafts.append([list(d) for d in drafts])
         return drafts
@@ -91,7 +91,7 @@ def _record_drafts(worker: Any) -> bool:  # noqa: ANN401 - runs inside each vLLM
     return True
 
 
-def _recorded_drafts(worker: Any) -> list:  # noqa: ANN401 - runs inside each vLLM worker
+def _recorded_drafts(worker: Any) -> list:  # runs inside each vLLM worker
     return getattr(worker, "worker", worker).model_runner.drafter.recorded_drafts
 
 

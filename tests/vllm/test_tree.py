@@ -32,10 +32,10 @@ def _engine_kwargs(model, **overrides) -> dict:
 
 def _tree_args(drafter, gamma: int, k: int, adaptive: bool = False, **options) -> dict:
     """Fixed gamma by default: these tests check the tries themselves, and adaptive drafting
-    would skip most of them on the tiny models (test_adaptive.py covers it with K > 1)."""
+    would skip most of them on the tiny models (test_adaptive_engine.py covers it with K > 1)."""
     from vllm_specdiff.plugin.config import CPU_TREE_WORKER
 
-    args = speculative_args(drafter, gamma=gamma, K=k, drafter_temperature=1.5,
+    args = speculative_args(drafter, gamma=gamma, num_drafts=k, drafter_temperature=1.5,
                             max_tree_tokens=k * gamma + 1, adaptive=adaptive, **options)
     if k > 1:
         args.update(worker_cls=CPU_TREE_WORKER, async_scheduling=False)
@@ -212,7 +212,8 @@ def test_generate_cli_with_four_candidates_matches_plain(tmp_path, tiny_verifier
         assert proc.returncode == 0, proc.stderr[-3000:]
         return [json.loads(line)["output_token_ids"] for line in out.read_text().splitlines()]
 
-    assert run(["-K", "4", "--drafter-temperature", "1.5"], "tree") == run(["--no-spec"], "plain")
+    assert run(["--num-drafts", "4", "--drafter-temperature", "1.5"], "tree") == \
+        run(["--no-spec"], "plain")
 
 
 # ---- temperature 1 --------------------------------------------------------------------------

@@ -137,7 +137,7 @@ def test_engine_args_on_cuda_pick_the_gpu_worker_and_piecewise_graphs(on_cuda):
     from vllm_specdiff.plugin.config import GPU_TREE_WORKER
     from vllm_specdiff.plugin.engine import specdiff_engine_args
 
-    args = specdiff_engine_args(4, K=2, drafter_temperature=1.5)
+    args = specdiff_engine_args(4, num_drafts=2, drafter_temperature=1.5)
     assert args["worker_cls"] == GPU_TREE_WORKER and args["async_scheduling"] is False
     assert args["compilation_config"] == {"cudagraph_mode": "PIECEWISE"}
     assert "worker_cls" not in specdiff_engine_args(4)  # K = 1 adds nothing on CUDA either
@@ -147,7 +147,7 @@ def test_serve_argv_on_cuda_adds_each_flag_unless_given(on_cuda):
     from vllm_specdiff.commands.serve import tree_worker_argv
     from vllm_specdiff.plugin.config import GPU_TREE_WORKER, parse_specdiff_config
 
-    config = parse_specdiff_config({"specdiff": {"K": 2}}, gamma=4)
+    config = parse_specdiff_config({"specdiff": {"num_drafts": 2}}, gamma=4)
     assert tree_worker_argv(["m"], config) == [
         "m", "--worker-cls", GPU_TREE_WORKER, "--no-async-scheduling",
         "--compilation-config", '{"cudagraph_mode": "PIECEWISE"}']
@@ -162,8 +162,9 @@ def test_k_above_one_on_an_unsupported_platform_fails_in_serve_with_a_clear_erro
     from vllm_specdiff.commands.serve import tree_worker_argv
     from vllm_specdiff.plugin.config import parse_specdiff_config
 
-    with pytest.raises(ValueError, match="use K = 1"):
-        tree_worker_argv(["m"], parse_specdiff_config({"specdiff": {"K": 2}}, gamma=4), ROCM)
+    with pytest.raises(ValueError, match="use num_drafts = 1"):
+        tree_worker_argv(["m"], parse_specdiff_config({"specdiff": {"num_drafts": 2}}, gamma=4),
+                         ROCM)
 
 
 # ---- the CUDA backends' KV cache layout ---------------------------------------------------------

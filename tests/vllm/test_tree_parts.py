@@ -84,16 +84,16 @@ def test_tree_attention_matches_dense_attention_per_path():
 
 
 @pytest.mark.parametrize(("section", "named"), [
-    ({"K": 0}, "'K'"),
-    ({"K": 2.0}, "'K'"),
-    ({"K": 2, "candidates": ["argmax"]}, "needs 'sample'"),
+    ({"num_drafts": 0}, "'num_drafts'"),
+    ({"num_drafts": 2.0}, "'num_drafts'"),
+    ({"num_drafts": 2, "candidates": ["argmax"]}, "needs 'sample'"),
     ({"candidates": ["sample", "argmax"]}, "must start with 'argmax'"),
     ({"candidates": "argmax"}, "'candidates'"),
     ({"candidates": ["argmax", "beam"]}, "'candidates'"),
     ({"selection": "best"}, "'selection'"),
     ({"selection": "walk"}, r"must be one of \['tau', 'tree'\], got 'walk'"),
-    ({"K": 2, "max_tree_tokens": 4}, "use >= 5"),
-    ({"K": 2, "max_tree_tokens": 200}, "vLLM's limit"),
+    ({"num_drafts": 2, "max_tree_tokens": 4}, "use >= 5"),
+    ({"num_drafts": 2, "max_tree_tokens": 200}, "vLLM's limit"),
 ])
 def test_bad_tree_option_is_named(section, named):
     from vllm_specdiff.plugin.config import parse_specdiff_config
@@ -108,11 +108,11 @@ def test_k_above_one_selects_the_tree_worker():
     from vllm_specdiff.plugin.engine import specdiff_engine_args
 
     assert "worker_cls" not in specdiff_engine_args(4)  # K = 1: vLLM's own worker and path
-    args = specdiff_engine_args(4, K=3, drafter_temperature=1.5)
+    args = specdiff_engine_args(4, num_drafts=3, drafter_temperature=1.5)
     assert args["worker_cls"] == CPU_TREE_WORKER and args["async_scheduling"] is False
     assert "compilation_config" not in args  # CUDA graphs are a CUDA matter
-    assert args["additional_config"]["specdiff"]["K"] == 3
-    config = parse_specdiff_config({"specdiff": {"K": 2}}, gamma=4)
+    assert args["additional_config"]["specdiff"]["num_drafts"] == 3
+    config = parse_specdiff_config({"specdiff": {"num_drafts": 2}}, gamma=4)
     assert tree_worker_argv(["m"], config) == ["m", "--worker-cls", CPU_TREE_WORKER,
                                                "--no-async-scheduling"]
     assert tree_worker_argv(["m", "--worker-cls", "x.W"], config) == [
@@ -128,7 +128,7 @@ def test_k_above_one_without_the_tree_worker_fails_at_load(tiny_verifier, tiny_d
     with pytest.raises(Exception, match="--worker-cls"):
         LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=200_000,
             dtype="float32", enforce_eager=True,
-            **speculative_args(tiny_drafter, gamma=4, K=2, adaptive=False))
+            **speculative_args(tiny_drafter, gamma=4, num_drafts=2, adaptive=False))
 
 
 def test_ngram_candidate_continues_the_earlier_match():

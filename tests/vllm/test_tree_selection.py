@@ -88,7 +88,8 @@ def test_tree_rule_eligibility_names_what_needs_vllms_chain():
 def test_tree_selection_parses():
     from vllm_specdiff.plugin.config import parse_specdiff_config
 
-    assert parse_specdiff_config({"specdiff": {"K": 2, "selection": "tree"}}, 4).selection == \
+    assert parse_specdiff_config({"specdiff": {"num_drafts": 2, "selection": "tree"}},
+                                 4).selection == \
         "tree"
 
 

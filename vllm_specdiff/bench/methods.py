@@ -12,7 +12,7 @@ written is the method's label in the JSON, table and plots.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 PLAIN = "plain"
@@ -32,8 +32,8 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     # drafter's draft elsewhere
     "specdiff2": ("specdiff", {}),
     "specdiff2-nolookup": ("specdiff", DRAFTER_ONLY),
-    "specdiff2-k2": ("specdiff", {"K": 2, **TREE_PRESET}),
-    "specdiff2-k4": ("specdiff", {"K": 4, **TREE_PRESET}),
+    "specdiff2-k2": ("specdiff", {"num_drafts": 2, **TREE_PRESET}),
+    "specdiff2-k4": ("specdiff", {"num_drafts": 4, **TREE_PRESET}),
 }
 SYNTAX = "NAME[:KEY=VALUE[:KEY=VALUE...]]"
 
@@ -58,7 +58,7 @@ class Method:
                 "options": dict(self.options)}
 
 
-def parse_value(text: str) -> Any:  # noqa: ANN401
+def parse_value(text: str) -> Any:
     """A spec value: bool, None (`null`), int, float, list (`a+b`) or the text itself."""
     lowered = text.lower()
     if lowered in ("true", "false"):
@@ -83,11 +83,11 @@ def _split_option(item: str, spec: str) -> tuple[str, Any]:
 
 
 def _check_keys(name: str, kind: str, options: dict[str, Any]) -> None:
-    from vllm_specdiff.plugin.config import OPTIONS
+    from vllm_specdiff.plugin.config import ALIASES, OPTIONS
 
     allowed = {"plain": set(), "ngram": {"gamma", *NGRAM_DEFAULTS}, "draft_model": {"gamma"},
-               "specdiff_base": {"gamma", *OPTIONS} - {"drafter"},
-               "specdiff": {"gamma", *OPTIONS}}[kind]
+               "specdiff_base": {"gamma", *OPTIONS, *ALIASES} - {"drafter"},
+               "specdiff": {"gamma", *OPTIONS, *ALIASES}}[kind]
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ValueError(f"--methods: method {name!r} takes no option(s) {unknown}; "
@@ -133,8 +133,10 @@ def parse_method(spec: str, default_gamma: int) -> Method:
     options = {**preset, **given}
     gamma = options.pop("gamma", default_gamma) if kind != "plain" else None
     method = Method(label=spec.strip(), name=name, kind=kind, gamma=gamma, options=options)
-    _check_values(method)
-    return method
+    _check_values(method)  # names (and warns about) an old option key as written
+    from vllm_specdiff.plugin.config import ALIASES
+
+    return replace(method, options={ALIASES.get(k, k): v for k, v in options.items()})
 
 
 def parse_methods(text: str, default_gamma: int) -> list[Method]:

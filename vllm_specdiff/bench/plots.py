@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 
-def pyplot() -> Any:  # noqa: ANN401
+def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
@@ -28,7 +28,7 @@ def _mean(values: list[float]) -> float:
     return statistics.fmean(values) if values else float("nan")
 
 
-def speedup_by_method(result: dict[str, Any], plt: Any, path: Path) -> bool:  # noqa: ANN401
+def speedup_by_method(result: dict[str, Any], plt: Any, path: Path) -> bool:
     """Bars of speedup per method and prompt set, one panel per (temperature, batch size)."""
     cells = result["cells"]
     temps = sorted({c["temperature"] for c in cells})
@@ -58,7 +58,7 @@ def speedup_by_method(result: dict[str, Any], plt: Any, path: Path) -> bool:  # 
     return True
 
 
-def acceptance_curves(result: dict[str, Any], plt: Any, path: Path) -> bool:  # noqa: ANN401
+def acceptance_curves(result: dict[str, Any], plt: Any, path: Path) -> bool:
     """Per-position acceptance (P(position i accepted)) per method at the smallest batch,
     pooled over prompt sets (the paper's Figure 2); one panel per temperature."""
     cells = [c for c in result["cells"] if c.get("per_position_acceptance")]
@@ -87,7 +87,7 @@ def acceptance_curves(result: dict[str, Any], plt: Any, path: Path) -> bool:  # 
     return True
 
 
-def _series(result: dict[str, Any], key: str, group: Any,  # noqa: ANN401
+def _series(result: dict[str, Any], key: str, group: Any,
             min_points: int = 2) -> dict[Any, dict[float, float]]:
     """speedup (mean over prompt sets and temperature 0 cells, smallest batch) against the
     method option `key`, one series per `group(method)` (None: not in the sweep)."""
@@ -107,7 +107,7 @@ def _series(result: dict[str, Any], key: str, group: Any,  # noqa: ANN401
             if len(p) >= min_points}
 
 
-def _line_plot(series: dict[Any, dict[float, float]], plt: Any, path: Path,  # noqa: ANN401
+def _line_plot(series: dict[Any, dict[float, float]], plt: Any, path: Path,
                xlabel: str, legend: str) -> bool:
     if not series:
         return False
@@ -134,12 +134,12 @@ def _family(method: dict[str, Any], *sweep: str) -> str | None:
     return f"{method['name']} {rest}"
 
 
-def speedup_vs_k(result: dict[str, Any], plt: Any, path: Path) -> bool:  # noqa: ANN401
+def speedup_vs_k(result: dict[str, Any], plt: Any, path: Path) -> bool:
     """Speedup against K, one line per drafter temperature (the paper's Figure 5). K = 1
     drafts the argmax whatever T_d is, so its point starts every line of its family."""
     def family(m: dict[str, Any]) -> str:
         rest = {k: v for k, v in m["options"].items()
-                if k not in ("K", "drafter_temperature", "candidates")}
+                if k not in ("num_drafts", "drafter_temperature", "candidates")}
         return f"specdiff2 {rest | {'gamma': m['gamma']}}"
 
     def group(m: dict[str, Any]) -> tuple[str, float] | None:
@@ -147,7 +147,7 @@ def speedup_vs_k(result: dict[str, Any], plt: Any, path: Path) -> bool:  # noqa:
             return None
         return family(m), float(m["options"].get("drafter_temperature", 0))
 
-    series = _series(result, "K", group, min_points=1)
+    series = _series(result, "num_drafts", group, min_points=1)
     k1 = {fam: points[1] for (fam, _), points in series.items() if 1 in points}
     lines = {}
     for (fam, t_d), points in series.items():
@@ -158,7 +158,7 @@ def speedup_vs_k(result: dict[str, Any], plt: Any, path: Path) -> bool:  # noqa:
     return _line_plot(lines, plt, path, "K (candidate drafts)", "")
 
 
-def sweep(result: dict[str, Any], key: str, plt: Any, path: Path) -> bool:  # noqa: ANN401
+def sweep(result: dict[str, Any], key: str, plt: Any, path: Path) -> bool:
     """Speedup against one setting (gamma, steps), one line per method family."""
     return _line_plot(_series(result, key, lambda m: _family(m, key)), plt, path, key, "")
 

@@ -126,7 +126,7 @@ def build_engines(args: argparse.Namespace, model: str, methods: list[Method],
     return {m.label: engines[m.label] for m in methods}, startup
 
 
-def _jsonable(value: Any) -> Any:  # noqa: ANN401
+def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 

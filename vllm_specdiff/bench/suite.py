@@ -123,7 +123,7 @@ class SpecCounters:
     last would be counted.
     """
 
-    def __init__(self, llm: Any) -> None:  # noqa: ANN401
+    def __init__(self, llm: Any) -> None:
         self.totals: dict[str, Any] = {**dict.fromkeys(COUNTS, 0),
                                        **{key: [] for key in PER_POS}}
         manager = llm.llm_engine.logger_manager
@@ -132,7 +132,7 @@ class SpecCounters:
                              "disable_log_stats=False)")
         record = manager.record
 
-        def counted(scheduler_stats: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+        def counted(scheduler_stats: Any, *args: Any, **kwargs: Any) -> Any:
             spec = getattr(scheduler_stats, "spec_decoding_stats", None)
             if spec is not None:
                 self.observe(spec)
@@ -140,7 +140,7 @@ class SpecCounters:
 
         manager.record = counted
 
-    def observe(self, spec: Any) -> None:  # noqa: ANN401
+    def observe(self, spec: Any) -> None:
         for key in COUNTS:
             self.totals[key] += getattr(spec, key)
         for key in PER_POS:
@@ -168,7 +168,7 @@ class EngineClock:
         running = 0.0 if self._began is None else self.timer() - self._began
         return self.seconds + running
 
-    def run(self, work: Callable[[], Any]) -> Any:  # noqa: ANN401
+    def run(self, work: Callable[[], Any]) -> Any:
         """Do `work` (one engine call) on this clock."""
         self._began = self.timer()
         try:
@@ -178,7 +178,7 @@ class EngineClock:
             self._began = None
 
 
-def in_process_proposer(llm: Any) -> Any:  # noqa: ANN401
+def in_process_proposer(llm: Any) -> Any:
     """The engine's proposer object when its worker runs in this process, else None."""
     executor = getattr(llm.llm_engine, "model_executor", None)
     worker = getattr(getattr(executor, "driver_worker", None), "worker", None)
@@ -195,7 +195,7 @@ class Engine:
     clock: EngineClock = field(default_factory=EngineClock)
 
     @classmethod
-    def of(cls, llm: Any) -> Engine:  # noqa: ANN401
+    def of(cls, llm: Any) -> Engine:
         engine = cls(llm, SpecCounters(llm))
         proposer = in_process_proposer(llm)
         if hasattr(proposer, "clock"):

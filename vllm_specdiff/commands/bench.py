@@ -18,12 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_specdiff.bench.methods import METHODS
-from vllm_specdiff.commands.common import (
-    NUM_SPECULATIVE_TOKENS,
-    SPECULATIVE_MODEL,
-    add_engine_args,
-    add_spec_args,
-)
+from vllm_specdiff.commands.common import add_engine_args
+from vllm_specdiff.commands.flags import add_gamma, add_option, add_spec_args
 from vllm_specdiff.provenance import provenance
 
 USES_VLLM = True
@@ -36,7 +32,8 @@ def run_comparison(args: argparse.Namespace, prompt_source: str,
 
     from vllm import SamplingParams
 
-    from vllm_specdiff.commands.common import build_llm, resolve_model, spec_options
+    from vllm_specdiff.commands.common import build_llm, resolve_model
+    from vllm_specdiff.commands.flags import spec_options
     from vllm_specdiff.harness import compare
     from vllm_specdiff.prompts import load_prompts, render_chat
 
@@ -152,11 +149,9 @@ def add_suite_args(p: argparse.ArgumentParser) -> None:
                    help="a few minutes' run: the --quick defaults above")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
     d = p.add_argument_group("drafters")
-    d.add_argument(NUM_SPECULATIVE_TOKENS, "--gamma", type=int, default=8, dest="gamma",
-                   help="draft tokens per step of every speculative method (a method's "
-                        "`gamma=` overrides it)")
-    d.add_argument("--drafter", SPECULATIVE_MODEL, default=None, dest="drafter",
-                   help="drafter of the specdiff2 methods (default: the default drafter)")
+    add_gamma(d, "draft tokens per step of every speculative method (a method's `gamma=` "
+                 "overrides it)")
+    add_option(d, "drafter", "drafter of the specdiff2 methods (default: the default drafter)")
     d.add_argument("--base-drafter", default=None,
                    help="drafter of specdiff-base (default: the default verifier's untrained "
                         "block-causal drafter, built into the cache once)")

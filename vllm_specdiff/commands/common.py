@@ -13,11 +13,23 @@ import json
 import os
 from typing import Any
 
+from vllm_specdiff.commands.flags import (
+    GAMMA_FLAGS,
+    NUM_SPECULATIVE_TOKENS,
+    SPECULATIVE_MODEL,
+    add_spec_args,
+    converter,
+    deprecated_flags,
+    flag,
+    spec_options,
+    spellings,
+)
+from vllm_specdiff.plugin.config import DECLARED
+
+__all__ = ["add_engine_args", "add_spec_args", "build_llm", "engine_kwargs",
+           "expand_speculative_model", "resolve_model", "spec_options"]
+
 DEFAULT_KV_CACHE_GIB = 0.5
-# The shorthand of every command for "the SpecDiff proposer with this drafter" (vLLM 0.32 itself
-# spells it --speculative-config plus --additional-config; `serve` writes that out).
-SPECULATIVE_MODEL = "--speculative-model"
-NUM_SPECULATIVE_TOKENS = "--num-speculative-tokens"
 
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
@@ -33,29 +45,6 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--compile", action="store_true",
                    help="use torch.compile (slow start-up on small CPUs; default eager)")
     g.add_argument("--engine-seed", type=int, default=0, help="vLLM engine seed")
-
-
-def add_spec_args(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("speculative decoding (SpecDiff drafter)")
-    g.add_argument(NUM_SPECULATIVE_TOKENS, "--gamma", type=int, default=8, dest="gamma",
-                   help="draft tokens per step (gamma)")
-    g.add_argument("--drafter", SPECULATIVE_MODEL, default=None, dest="drafter",
-                   help="drafter directory (default: the default drafter)")
-    g.add_argument("--lora", default=None, help="LoRA adapter merged into the drafter")
-    g.add_argument("--drafter-temperature", type=float, default=None,
-                   help="drafter sampling temperature T_d (default 0: argmax drafts)")
-    g.add_argument("--steps", type=int, default=None, help="denoising steps per draft")
-    g.add_argument("--context-window", type=int, default=None,
-                   help="trailing context tokens the drafter sees")
-    g.add_argument("--drafter-seed", type=int, default=None, help="seed of the drafter's sampler")
-    g.add_argument("--num-candidates", "-K", type=int, default=None, dest="num_candidates",
-                   help="K candidate drafts per step, verified as one trie (default 1)")
-    g.add_argument("--max-tree-tokens", type=int, default=None,
-                   help="verifier tokens per request and step for K > 1 (root included)")
-    g.add_argument("--candidates", type=lambda text: text.split(","), default=None,
-                   help="comma list of candidate sources (default argmax,sample,ngram: with "
-                        "K = 1, prompt lookup where the context repeats; argmax,sample: the "
-                        "drafter alone)")
 
 
 def split_option(argv: list[str], *names: str) -> tuple[list[str], list[str]]:
@@ -96,19 +85,54 @@ def json_option(argv: list[str], *names: str) -> dict | None:
     return value
 
 
+def split_spec_flags(argv: list[str]) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+    """argv without the SpecDiff option flags (any spelling, `--flag V` / `--flag=V`, and
+    `--adaptive` / `--no-adaptive`), the options they set, and option -> the flag as given."""
+    import warnings
+
+    section: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    rest = list(argv)
+    for name, opt in DECLARED.items():
+        if opt.type is bool:
+            on, off = flag(opt), "--no-" + flag(opt)[2:]
+            for arg in [a for a in rest if a in (on, off)]:
+                section[name], given[name] = arg == on, arg
+            rest = [a for a in rest if a not in (on, off)]
+            continue
+        for spelling in spellings(opt):
+            rest, values = split_option(rest, spelling)
+            if not values:
+                continue
+            if spelling in deprecated_flags(opt):
+                warnings.warn(f"{spelling} is deprecated; use {flag(opt)}", FutureWarning,
+                              stacklevel=2)
+            try:
+                section[name] = converter(opt)(values[-1])
+            except ValueError:
+                kind = "an integer" if opt.type is int else "a number"
+                raise ValueError(f"{spelling} must be {kind}, got {values[-1]!r}") from None
+            given[name] = spelling
+    return rest, section, given
+
+
 def expand_speculative_model(argv: list[str]) -> list[str]:
     """`vllm serve` arguments with `--speculative-model DRAFTER_DIR [--num-speculative-tokens
-    N]` written out as vLLM 0.32 spells them: the proposer in --speculative-config, the drafter
-    in --additional-config (merged with a specdiff section already there)."""
+    N]` and the SpecDiff option flags (`--drafter-temperature 1.5`, ...) written out as vLLM
+    0.32 spells them: the proposer in --speculative-config, the options in --additional-config
+    (merged with a specdiff section already there)."""
+    from vllm_specdiff.core import DEFAULT_GAMMA
     from vllm_specdiff.plugin.config import SECTION
-    from vllm_specdiff.plugin.engine import DEFAULT_GAMMA, specdiff_engine_args
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
 
-    rest, drafters = split_option(argv, SPECULATIVE_MODEL)
-    rest, counts = split_option(rest, NUM_SPECULATIVE_TOKENS)
-    if not drafters:
-        if counts:
-            raise ValueError(f"{NUM_SPECULATIVE_TOKENS} goes with {SPECULATIVE_MODEL} "
-                             "DRAFTER_DIR (or set num_speculative_tokens in --speculative-config)")
+    rest, flags, given = split_spec_flags(argv)
+    rest, counts = split_option(rest, *GAMMA_FLAGS)
+    if "drafter" not in flags:
+        if counts or flags:
+            used = NUM_SPECULATIVE_TOKENS if counts else given[next(iter(flags))]
+            raise ValueError(f"{used} goes with {SPECULATIVE_MODEL} DRAFTER_DIR (or set "
+                             "num_speculative_tokens in --speculative-config and the options in "
+                             "--additional-config)")
         return argv
     if option_values(rest, "--speculative-config", "-sc", "--spec-model", "--spec-method",
                      "--spec-tokens") \
@@ -123,21 +147,14 @@ def expand_speculative_model(argv: list[str]) -> list[str]:
     additional = json_option(rest, "--additional-config") or {}
     rest, _ = split_option(rest, "--additional-config")
     section = dict(additional.get(SECTION) or {})
-    if "drafter" in section:
-        raise ValueError(f"{SPECULATIVE_MODEL} and --additional-config's {SECTION!r} section "
-                         "both name a drafter; give one")
-    engine = specdiff_engine_args(gamma, **section, drafter=drafters[-1])
+    for name in flags:
+        if name in section:
+            raise ValueError(f"{given[name]} and --additional-config's {SECTION!r} section "
+                             f"both name a {name}; give one")
+    engine = specdiff_engine_args(gamma, **section, **flags)
     additional[SECTION] = engine["additional_config"][SECTION]
     return [*rest, "--speculative-config", json.dumps(engine["speculative_config"]),
             "--additional-config", json.dumps(additional)]
-
-
-def spec_options(args: argparse.Namespace) -> dict[str, Any]:
-    return {"drafter": args.drafter, "lora": args.lora,
-            "drafter_temperature": args.drafter_temperature,
-            "steps": args.steps, "context_window": args.context_window,
-            "seed": args.drafter_seed, "K": args.num_candidates,
-            "max_tree_tokens": args.max_tree_tokens, "candidates": args.candidates}
 
 
 def resolve_model(args: argparse.Namespace) -> str:
@@ -161,7 +178,7 @@ def engine_kwargs(args: argparse.Namespace, model: str) -> dict[str, Any]:
     }
 
 
-def build_llm(args: argparse.Namespace, model: str, speculative: bool) -> Any:  # noqa: ANN401
+def build_llm(args: argparse.Namespace, model: str, speculative: bool) -> Any:
     """An in-process `vllm.LLM`, with the SpecDiff proposer when `speculative`."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM

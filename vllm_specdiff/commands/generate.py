@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from vllm_specdiff.commands.common import add_engine_args, add_spec_args
+from vllm_specdiff.commands.common import add_engine_args
+from vllm_specdiff.commands.flags import add_spec_args
 
 USES_VLLM = True
 
@@ -29,12 +30,12 @@ USES_VLLM = True
 class Request:
     """One validated input record: what `llm.generate` gets, and the id its output repeats."""
 
-    id: Any  # noqa: ANN401 - whatever JSON the record's "id" holds
+    id: Any  # whatever JSON the record's "id" holds
     prompt_ids: list[int]
-    params: Any  # noqa: ANN401 - vllm.SamplingParams
+    params: Any  # vllm.SamplingParams
 
 
-def sampling_params(args: argparse.Namespace, max_tokens: Any, where: str) -> Any:  # noqa: ANN401
+def sampling_params(args: argparse.Namespace, max_tokens: Any, where: str) -> Any:
     """vLLM's SamplingParams for one record, its own checks turned into a ValueError naming
     `where` (vLLM raises VLLMValidationError, which is no ValueError, or TypeError)."""
     from vllm import SamplingParams
@@ -90,7 +91,7 @@ def atomic_output(path: Path) -> Iterator[TextIO]:
         tmp.unlink(missing_ok=True)
 
 
-def write_outputs(llm: Any, requests: list[Request], out: TextIO, chunk: int) -> None:  # noqa: ANN401
+def write_outputs(llm: Any, requests: list[Request], out: TextIO, chunk: int) -> None:
     """Generate chunk by chunk, one JSON line per request, in input order."""
     from tqdm import tqdm
     from vllm.inputs import TokensPrompt

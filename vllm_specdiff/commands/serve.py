@@ -8,8 +8,10 @@ instead of inside the engine process. The model defaults to the default verifier
 sizes the KV cache (`VLLM_CPU_KVCACHE_SPACE`, 1 GiB) unless told otherwise, because vLLM's
 default reserves 92% of the memory node. GPU installs can use plain `vllm serve` directly.
 `--speculative-model DRAFTER_DIR [--num-speculative-tokens N]` is accepted as the shorthand for
-the SpecDiff proposer with that drafter (written out as --speculative-config and
---additional-config before vLLM sees the arguments).
+the SpecDiff proposer with that drafter, with the SpecDiff option flags of `generate`
+(`--drafter-temperature`, `--num-drafts`, ...; docs/options.md): all written out as
+--speculative-config and --additional-config before vLLM sees the arguments. `--help` lists
+them before vLLM's own arguments.
 """
 
 from __future__ import annotations
@@ -69,10 +71,10 @@ def _given(argv: list[str], *names: str) -> bool:
 
 
 def tree_worker_argv(argv: list[str], config: SpecDiffConfig | None,
-                     platform: Any = None) -> list[str]:  # noqa: ANN401
-    """K > 1: the flags of `config.tree_engine_args` for this platform (the tree-verifying
+                     platform: Any = None) -> list[str]:
+    """num_drafts > 1: the flags of `config.tree_engine_args` for this platform (the tree-verifying
     worker, async scheduling off; on CUDA piecewise CUDA graphs), each unless the user set it."""
-    if config is None or config.K == 1:
+    if config is None or config.num_drafts == 1:
         return argv
     extra = tree_engine_args(platform)
     argv = list(argv)
@@ -119,7 +121,7 @@ def vllm_metadata_alias() -> Iterator[None]:
 
 def default_model_argv(argv: list[str]) -> list[str]:
     """Insert the default verifier when no model is given (`serve --port 8000 ...`)."""
-    if any(a in ("-h", "--help") or a.startswith("--help=") for a in argv):
+    if _wants_help(argv):
         return argv
     if (argv and not argv[0].startswith("-")) or option_values(argv, "--model"):
         return argv
@@ -128,7 +130,28 @@ def default_model_argv(argv: list[str]) -> list[str]:
     return [str(prepare_verifier()), *argv]
 
 
+def plugin_help() -> str:
+    """The plugin's own `serve` flags (generated from the options' declaration)."""
+    from vllm_specdiff.commands.flags import add_spec_args
+
+    parser = argparse.ArgumentParser(
+        prog="vllm-specdiff serve", add_help=False,
+        usage="vllm-specdiff serve [MODEL] [SPECDIFF FLAGS] [vllm serve ARGUMENTS]",
+        description=f"SpecDiff flags (shorthand for --speculative-config '{{\"model\": "
+                    f"\"{PROPOSER_PATH}\", ...}}' and --additional-config "
+                    "'{\"specdiff\": {...}}'; the option flags need --speculative-model). "
+                    "vLLM's own arguments follow.")
+    add_spec_args(parser)
+    return parser.format_help()
+
+
+def _wants_help(argv: list[str]) -> bool:
+    return any(a in ("-h", "--help") or a.startswith("--help=") for a in argv)
+
+
 def serve(argv: list[str]) -> int:
+    if _wants_help(argv):
+        print(plugin_help(), flush=True)
     try:
         argv = expand_speculative_model(argv)
         config = check_specdiff_args(argv)

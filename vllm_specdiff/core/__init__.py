@@ -23,7 +23,11 @@ from vllm_specdiff.core.scoring import (
 )
 from vllm_specdiff.core.tree import TokenTree, build_token_tree
 
+# gamma, draft tokens per step: the one default of the plugin, the CLIs, training and evaluation
+DEFAULT_GAMMA = 8
+
 __all__ = [
+    "DEFAULT_GAMMA",
     "DraftScores",
     "SpecDecodeStats",
     "TokenTree",

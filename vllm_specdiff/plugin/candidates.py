@@ -21,14 +21,14 @@ from vllm_specdiff.core import draft_marginals, sample_drafts
 NGRAM_MIN, NGRAM_MAX = 2, 5
 
 
-def candidate_drafts(logits: torch.Tensor, num_candidates: int, temperature: float,
+def candidate_drafts(logits: torch.Tensor, num_drafts: int, temperature: float,
                      top_k: int | None, generator: torch.Generator | None) -> torch.Tensor:
     """[B, K, G] drafts from drafter logits [B, G, V]: argmax first, then K - 1 samples."""
     argmax = logits.argmax(dim=-1).unsqueeze(1)
-    if num_candidates == 1:
+    if num_drafts == 1:
         return argmax
     marginals = draft_marginals(logits, temperature, top_k)
-    sampled = sample_drafts(marginals, num_candidates - 1, generator=generator)
+    sampled = sample_drafts(marginals, num_drafts - 1, generator=generator)
     return torch.cat([argmax, sampled], dim=1)
 
 

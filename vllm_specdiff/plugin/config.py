@@ -1,21 +1,31 @@
-"""The drafter's own settings, read from vLLM's `additional_config["specdiff"]`.
+"""The drafter's own settings, read from vLLM's `additional_config["specdiff"]`, declared once.
 
 vLLM rejects unknown keys inside `speculative_config`, so everything that is ours travels in
-`--additional-config '{"specdiff": {...}}'`. Every option is checked here, at start-up, with an
-error that names it: a typo must fail loudly instead of silently running with a default.
+`--additional-config '{"specdiff": {...}}'`. Each option is one field of `SpecDiffConfig` whose
+`option(...)` metadata holds its description, bounds or choices and CLI spelling. From that one
+declaration come the start-up validation here (a typo or a bad value fails loudly with an error
+that names the option, instead of silently running with a default), docs/options.md
+(`config_docs`) and the flags of `vllm-specdiff generate/bench/serve` (`commands/flags.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
-from dataclasses import asdict, dataclass
+import types
+import typing
+import warnings
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_specdiff.adaptive import DRAFT_MARGIN
+from vllm_specdiff.core import DEFAULT_GAMMA
 from vllm_specdiff.drafter.quantize import QUANTIZE_MODES
-from vllm_specdiff.plugin.adaptive import DRAFT_MARGIN
+
+__all__ = ["DEFAULT_GAMMA", "OPTIONS", "SECTION", "SpecDiffConfig", "parse_specdiff_config"]
 
 SECTION = "specdiff"
 CANDIDATE_SOURCES = ("argmax", "sample", "ngram")
@@ -28,146 +38,268 @@ GPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner_gpu.SpecDiffGPUWorker"
 TREE_CUDA_COMPILATION_CONFIG = {"cudagraph_mode": "PIECEWISE"}
 
 
-def tree_worker(platform: Any = None) -> str:  # noqa: ANN401
-    """worker_cls for K > 1 on this vLLM platform (default: vLLM's current one): the one place
-    that decides, for `specdiff_engine_args`, `vllm-specdiff serve/generate` and the errors."""
-    if platform is None:
-        from vllm.platforms import current_platform as platform
-    if platform.is_cpu():
-        return CPU_TREE_WORKER
-    if platform.is_cuda():
-        return GPU_TREE_WORKER
-    raise ValueError(f"{_opt('K')} > 1 (tree verification) supports vLLM's CPU and CUDA "
-                     f"platforms, not {getattr(platform, 'device_name', platform)!r}; use K = 1")
+@dataclass(frozen=True)
+class Spec:
+    """What the declaration says about one option beyond its type and default."""
+
+    help: str  # one line: docs/options.md and the CLI's --help
+    minimum: float | None = None
+    maximum: float | None = None
+    choices: tuple[str, ...] = ()
+    path: str = ""  # "directory" or "file": the value is a path
+    null: str = ""  # what null (None) means, for options that may be null
+    details: str = ""  # more for the docs table only
+    flag: str = ""  # CLI flag where the name would clash with a request setting (--seed)
+    aliases: tuple[str, ...] = ()  # further CLI spellings
+    deprecated: tuple[str, ...] = ()  # old option keys and CLI flags, accepted with a warning
 
 
-def tree_engine_args(platform: Any = None) -> dict[str, Any]:  # noqa: ANN401
-    """The engine arguments K > 1 needs on this platform: the tree-verifying worker, async
-    scheduling off and, on CUDA, attention outside CUDA graphs."""
-    worker = tree_worker(platform)
-    args: dict[str, Any] = {"worker_cls": worker, "async_scheduling": False}
-    if worker == GPU_TREE_WORKER:
-        args["compilation_config"] = dict(TREE_CUDA_COMPILATION_CONFIG)
-    return args
+def option(default: Any, help: str, **spec: Any) -> Any:
+    """A `SpecDiffConfig` field: its default and its `Spec`."""
+    return field(default=default, metadata={"spec": Spec(help, **spec)})
 
 
 @dataclass(frozen=True)
 class SpecDiffConfig:
-    """Settings of the diffusion drafter inside vLLM (all optional).
+    """Settings of the diffusion drafter inside vLLM (all optional); each field's `option(...)`
+    describes it, and docs/options.md is generated from them."""
 
-    drafter: drafter directory; None uses the default drafter (`vllm-specdiff models`).
-    lora: PEFT adapter directory merged into the drafter at load time.
-    drafter_temperature: drafter sampling temperature T_d (0: argmax drafts), one name for the
-      option, `specdiff_engine_args`' keyword, the CLI's --drafter-temperature and
-      ReferenceDecoder's argument. With one draft per step (K = 1) sampling only lowers
-      acceptance, so the default is argmax; T_d matters once self-selection over K > 1 drafts
-      is used (the paper uses 1.5).
-    top_k: keep only the top-k drafter logits per position before sampling (None: all).
-    steps: denoising steps per draft (the paper uses 1).
-    context_window: trailing context tokens the drafter sees (None: the whole context). The
-      block-causal drafter moves the window's start in steps of half the window, so it sees
-      the last W/2+1 .. W tokens and its cache keeps hitting between the steps.
-    seed: seed of the drafter's sampling generator (drafts, hence runs, are reproducible).
-    cache_size: per-sequence KV-cache entries the block-causal drafter keeps (None: twice
-      `max_num_seqs`, at least 16). Bounded: least recently used entries are dropped.
-    cache_bytes: byte budget of that KV cache (None: 1 GiB). It lives outside vLLM's memory
-      budget (on the verifier's device), so it needs its own bound; entries no running request
-      uses are dropped first.
-    log_interval: seconds between the drafter's log lines (0 disables them).
-    K: candidate drafts per request and step (self-selection). K > 1 verifies all of them in
-      one tree-masked verifier forward and needs the worker `tree_worker()`.
-    candidates: where the K candidates come from: candidate 0 is always the argmax draft
-      ("argmax"); the others are sampled from the drafter's marginals at drafter_temperature
-      ("sample"); with
-      "ngram", a prompt-lookup match (vLLM's ngram matching) replaces candidate 1 when found.
-      With K = 1, "ngram" makes a row whose context has a lookup match draft the lookup's
-      continuation instead of the drafter's (no drafter call for it; adaptive drafting gives
-      those drafts their own length). On by default: it was faster than the drafter alone in
-      every batch-1 and batch-4 benchmark cell (README, "Measured figures").
-    selection: how a trie is committed: "tau" (the candidate with the highest expected
-      accepted length, then vLLM's own point-mass verification of that chain) or "tree" (the
-      multi-candidate tree walk over all candidates, `core.verify_tree`; requests it cannot
-      serve exactly, `tree_runner.tree_rule_eligible`, commit as with "tau").
-    max_tree_tokens: verifier tokens per request and step for K > 1 (root included); trailing
-      candidates are dropped until the merged trie fits.
-    quantize: "auto" (int8 linears on CPU, none on GPUs), "int8" (CPU only) or "none". The
-      drafter only proposes, so this changes speed and acceptance, never the output.
-    adaptive: choose the draft length per step (0 .. num_speculative_tokens; K > 1: no draft
-      or the full trie) from the verifier's and drafter's measured costs and the running
-      acceptance (`plugin/adaptive.py`); False drafts num_speculative_tokens every step.
-    draft_margin: with adaptive, at batch > 1 a step drafts only if it promises this fraction
-      more committed tokens per second than a step without drafts (`adaptive.DRAFT_MARGIN`).
-    refill_ratio: with adaptive, the share of requests that leave a batch early whose slot
-      serves another request (`adaptive.Refills`): None measures it while serving; 1 values
-      every committed token as a server with a queue does, 0 as a static batch does.
-    datastore: a retrieval datastore file (`specdiff-distill datastore`): with K = 1 and
-      "ngram", a row whose context has no prompt-lookup match drafts what followed the
-      context's suffix in the verifier's own earlier continuations (`core.datastore`), as a
-      lookup draft (no drafter call). None: off.
-    """
-
-    drafter: str | None = None
-    lora: str | None = None
-    drafter_temperature: float = 0.0
-    top_k: int | None = None
-    steps: int = 1
-    context_window: int | None = None
-    seed: int = 0
-    cache_size: int | None = None
-    cache_bytes: int | None = None
-    log_interval: float = 10.0
-    K: int = 1  # noqa: N815 - the paper's name
-    candidates: tuple[str, ...] = ("argmax", "sample", "ngram")
-    selection: str = "tau"
-    max_tree_tokens: int = DEFAULT_MAX_TREE_TOKENS
-    quantize: str = "auto"
-    adaptive: bool = True
-    draft_margin: float = DRAFT_MARGIN
-    refill_ratio: float | None = None
-    datastore: str | None = None
+    drafter: str | None = option(
+        None, "drafter directory (any format `load_drafter` reads)", path="directory",
+        null="the default drafter (with the default verifier only)",
+        details="Required for any other verifier, checked at start-up",
+        aliases=("--speculative-model",))
+    lora: str | None = option(
+        None, "PEFT adapter directory merged into the drafter at load time", path="directory",
+        null="none")
+    drafter_temperature: float = option(
+        0.0, "drafter sampling temperature T_d (0: argmax drafts)", minimum=0.0,
+        details="With one draft per step sampling only lowers acceptance; T_d matters for "
+                "self-selection over `num_drafts` > 1 (the paper uses 1.5). One name "
+                "everywhere: this option, `specdiff_engine_args(drafter_temperature=)`, "
+                "`--drafter-temperature` of the CLIs (training's too) and "
+                "`ReferenceDecoder(drafter_temperature=)`; the request's own temperature is "
+                "vLLM's `temperature`")
+    top_k: int | None = option(
+        None, "keep the top-k drafter logits per position before sampling", minimum=1,
+        null="all", flag="--drafter-top-k")
+    steps: int = option(1, "denoising steps per draft (<= num_speculative_tokens)", minimum=1)
+    context_window: int | None = option(
+        None, "trailing context tokens the drafter sees", minimum=1, null="the whole context",
+        details="The block-causal drafter caches its context, so it rarely needs one. A drafter "
+                "with fewer positions than `max_model_len` fails at start-up unless this is at "
+                "most its positions minus `num_speculative_tokens`. Rows within "
+                "`num_speculative_tokens` of the drafter's last position (or of "
+                "`max_model_len`) get shorter drafts, the last one none. The block-causal "
+                "drafter moves the window's start in steps of `context_window // 2` tokens, so "
+                "it sees the last W/2+1 .. W tokens and re-encodes about W/2 tokens once every "
+                "W/2 committed tokens; its cache keeps hitting in between")
+    seed: int = option(0, "seed of the drafter's sampler (drafts, hence runs, are reproducible)",
+                       minimum=0, flag="--drafter-seed")
+    cache_size: int | None = option(
+        None, "per-sequence KV-cache entries the block-causal drafter keeps (LRU, bounded)",
+        minimum=1, null="max(16, 2 * max_num_seqs)")
+    cache_bytes: int | None = option(
+        None, "byte budget of that cache", minimum=1, null="1073741824 (1 GiB)",
+        details="It is allocated on the verifier's device outside vLLM's memory budget "
+                "(`gpu_memory_utilization` leaves the rest of the GPU for it). Entries no "
+                "running request uses are dropped first; if the running requests alone need "
+                "more, the newest of them are dropped and re-encoded next step (correct, only "
+                "slower). `cache_stats()` in the proposer's stats reports `bytes` and "
+                "`max_bytes`")
+    log_interval: float = option(10.0, "seconds between the drafter's log lines (0: off)",
+                                 minimum=0.0)
+    num_drafts: int = option(
+        1, "candidate drafts per request and step (K)", minimum=1,
+        details="> 1: self-selection over a trie verified in one forward by the tree-verifying "
+                "worker (docs/vllm.md, \"Self-selection\"). Formerly `K` (`-K`, "
+                "`--num-candidates`), still accepted with a deprecation warning",
+        deprecated=("K", "--num-candidates", "-K"))
+    candidates: tuple[str, ...] = option(
+        CANDIDATE_SOURCES, "where the drafts come from (a list; the CLI takes a comma list)",
+        choices=CANDIDATE_SOURCES,
+        details="Candidate 0 is the argmax draft (`\"argmax\"` comes first); the others are "
+                "sampled from the marginals at `drafter_temperature` (`\"sample\"`); "
+                "`\"ngram\"`: a prompt-lookup match (vLLM `ngram`'s matching, 2-5 tokens) "
+                "replaces candidate 1; with `num_drafts` = 1, `\"ngram\"` drafts a row's lookup "
+                "continuation whenever its context has a match (no drafter call for that row; "
+                "adaptive drafting gives it its own length), and the drafter's draft otherwise "
+                "(`specdiff_stats` counts `lookup_drafts`). On by default: it was faster than "
+                "the drafter alone at batch 1 and 4 in every benchmark cell; "
+                "`[\"argmax\", \"sample\"]` turns it off")
+    selection: str = option(
+        "tau", "how a trie is committed", choices=SELECTIONS,
+        details="`\"tau\"`: the candidate with the highest tau (expected accepted length) "
+                "through vLLM's rejection sampler; `\"tree\"`: the multi-candidate tree walk "
+                "over the whole trie (ALGORITHM.md section 3); requests asking for sample "
+                "logprobs (or `logprob_token_ids`), `min_p`, `logit_bias`, `allowed_token_ids`, "
+                "`min_tokens` or a thinking budget, and every request of an engine with custom "
+                "logits processors, commit as `\"tau\"` (docs/vllm.md, \"Self-selection\")")
+    max_tree_tokens: int = option(
+        DEFAULT_MAX_TREE_TOKENS,
+        "verifier tokens per request and step for num_drafts > 1, root included", minimum=2,
+        details=">= num_speculative_tokens + 1 and <= vLLM's MAX_SPEC_LEN + 1 (129); trailing "
+                "candidates are dropped until the merged trie fits")
+    quantize: str = option(
+        "auto", "drafter weights: int8 on CPU and none on GPUs (auto), int8 or none",
+        choices=QUANTIZE_MODES,
+        details="`int8`: `torch.ao` dynamic int8 `nn.Linear`s (fbgemm/x86 kernels; embeddings "
+                "and norms stay float32), refused on a GPU at start-up; GPUs run bf16. "
+                "Verification decides what is committed, so greedy output is identical whatever "
+                "the mode")
+    adaptive: bool = option(
+        True, "choose the draft length per step from the costs and acceptance measured while "
+              "serving",
+        details="0 (no draft, the drafter not called) up to `num_speculative_tokens`; with "
+                "`num_drafts` > 1 no draft or the full trie (docs/vllm.md, \"Adaptive "
+                "drafting\"); `false` drafts `num_speculative_tokens` every step")
+    draft_margin: float = option(
+        DRAFT_MARGIN, "with adaptive at batch > 1: the fraction by which a step with drafts must "
+                      "beat one without in predicted committed tokens per second", minimum=0.0,
+        details="`0` drafts on any predicted gain; ignored at batch 1 and with "
+                "`adaptive: false`")
+    refill_ratio: float | None = option(
+        None, "with adaptive at batch > 1: the share of requests leaving a batch early whose "
+              "slot serves another request", minimum=0.0, maximum=1.0, null="measured",
+        details="It sets what a token beyond a row's first is worth (docs/vllm.md, \"Adaptive "
+                "drafting\"). Unset, it is measured while serving; `1` prices every token as a "
+                "server with a queue does, `0` as a static batch does")
+    datastore: str | None = option(
+        None, "a retrieval datastore file (`specdiff-distill datastore`)", path="file",
+        null="off",
+        details="With `num_drafts` = 1 and `\"ngram\"` in `candidates` (else refused at "
+                "start-up), a row whose context has no prompt-lookup match drafts what followed "
+                "the context's longest suffix (4, 3 or 2 tokens) in the verifier's own earlier "
+                "continuations (`core/datastore.py`), merged token by token by majority, as a "
+                "lookup draft (no drafter call); `specdiff_stats` counts `datastore_drafts`. A "
+                "datastore holding ids outside the verifier's vocabulary fails at start-up")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-OPTIONS = tuple(SpecDiffConfig.__dataclass_fields__)
+@dataclass(frozen=True)
+class Option:
+    """One declared option: name, Python type (without None), default and `Spec`."""
+
+    name: str
+    type: type
+    nullable: bool
+    default: Any
+    spec: Spec
+
+
+def _declared() -> dict[str, Option]:
+    hints = typing.get_type_hints(SpecDiffConfig)
+    out = {}
+    for f in dataclasses.fields(SpecDiffConfig):
+        hint = hints[f.name]
+        union = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+        base = next(a for a in union if a is not type(None))
+        out[f.name] = Option(f.name, typing.get_origin(base) or base, type(None) in union,
+                             f.default, f.metadata["spec"])
+    return out
+
+
+DECLARED: dict[str, Option] = _declared()
+OPTIONS = tuple(DECLARED)
+# old option keys -> their names now (accepted with a FutureWarning)
+ALIASES = {old: o.name for o in DECLARED.values() for old in o.spec.deprecated
+           if not old.startswith("-")}
 
 
 def _opt(name: str) -> str:
     return f"additional_config[{SECTION!r}][{name!r}]"
 
 
-def _int(name: str, value: Any, minimum: int, allow_none: bool = False) -> int | None:  # noqa: ANN401
-    if value is None and allow_none:
+def check_value(opt: Option, value: Any, key: str | None = None) -> Any:
+    """One option's value checked against its declaration; `key` is the name it was given as
+    (an old alias), so the error names what the user wrote."""
+    where, spec = _opt(key or opt.name), opt.spec
+    if value is None and opt.nullable:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{_opt(name)} must be an integer >= {minimum}"
-                         f"{' or null' if allow_none else ''}, got {value!r}")
-    return value
+    or_null = f"null ({spec.null}) or " if opt.nullable else ""
+    if opt.type is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{where} must be true or false, got {value!r}")
+        return value
+    if opt.type is int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < spec.minimum:
+            raise ValueError(f"{where} must be an integer >= {spec.minimum}"
+                             f"{' or null' if opt.nullable else ''}, got {value!r}")
+        return value
+    if opt.type is float:
+        number = not isinstance(value, bool) and isinstance(value, int | float) \
+            and math.isfinite(value)
+        if spec.maximum is not None:
+            if not number or not spec.minimum <= value <= spec.maximum:
+                raise ValueError(f"{where} must be {or_null}a number in "
+                                 f"[{spec.minimum:g}, {spec.maximum:g}], got {value!r}")
+        elif not number or value < spec.minimum:
+            raise ValueError(f"{where} must be a finite number >= {spec.minimum:g}, "
+                             f"got {value!r}")
+        return float(value)
+    if opt.type is tuple:
+        if isinstance(value, str) or not isinstance(value, list | tuple) or not value \
+                or any(v not in spec.choices for v in value) or len(set(value)) != len(value):
+            raise ValueError(f"{where} must be a non-empty list of distinct values from "
+                             f"{list(spec.choices)}, got {value!r}")
+        return tuple(value)
+    if spec.choices:
+        if value not in spec.choices:
+            raise ValueError(f"{where} must be one of {list(spec.choices)}, got {value!r}")
+        return value
+    if not spec.path:
+        if not isinstance(value, str):
+            raise ValueError(f"{where} must be a string, got {value!r}")
+        return value
+    if not isinstance(value, str | Path) or not str(value):
+        raise ValueError(f"{where} must be a {spec.path} path, got {value!r}")
+    return str(Path(value).expanduser())
 
 
-def _number(name: str, value: Any, minimum: float) -> float:  # noqa: ANN401
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
-            or value < minimum:
-        raise ValueError(f"{_opt(name)} must be a finite number >= {minimum}, got {value!r}")
-    return float(value)
+def canonical_section(section: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    """The section with old keys renamed (each warned about once), and name -> key as given."""
+    unknown = sorted(set(section) - set(OPTIONS) - set(ALIASES))
+    if unknown:
+        raise ValueError(f"unknown option(s) {unknown} in additional_config[{SECTION!r}]; "
+                         f"valid options: {list(OPTIONS)}")
+    out, given = {}, {}
+    for key, value in section.items():
+        name = ALIASES.get(key, key)
+        if name in out:
+            raise ValueError(f"{_opt(key)} and {_opt(given[name])} name the same option; give "
+                             f"{name!r} only")
+        if key != name:
+            warnings.warn(f"{_opt(key)} is deprecated; use {name!r}", FutureWarning,
+                          stacklevel=3)
+        out[name], given[name] = value, key
+    return out, given
 
 
-def _ratio(name: str, value: Any) -> float | None:  # noqa: ANN401
-    """None, or a number in [0, 1]."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) \
-            or not 0.0 <= value <= 1.0:
-        raise ValueError(f"{_opt(name)} must be null (measured) or a number in [0, 1], "
-                         f"got {value!r}")
-    return float(value)
+def tree_worker(platform: Any = None) -> str:
+    """worker_cls for num_drafts > 1 on this vLLM platform (default: vLLM's current one): the
+    one place that decides, for `specdiff_engine_args`, `vllm-specdiff serve/generate` and the
+    errors."""
+    if platform is None:
+        from vllm.platforms import current_platform as platform
+    if platform.is_cpu():
+        return CPU_TREE_WORKER
+    if platform.is_cuda():
+        return GPU_TREE_WORKER
+    raise ValueError(f"{_opt('num_drafts')} > 1 (tree verification) supports vLLM's CPU and "
+                     f"CUDA platforms, not {getattr(platform, 'device_name', platform)!r}; "
+                     "use num_drafts = 1")
 
 
-def _bool(name: str, value: Any) -> bool:  # noqa: ANN401
-    if not isinstance(value, bool):
-        raise ValueError(f"{_opt(name)} must be true or false, got {value!r}")
-    return value
+def tree_engine_args(platform: Any = None) -> dict[str, Any]:
+    """The engine arguments num_drafts > 1 needs on this platform: the tree-verifying worker,
+    async scheduling off and, on CUDA, attention outside CUDA graphs."""
+    worker = tree_worker(platform)
+    args: dict[str, Any] = {"worker_cls": worker, "async_scheduling": False}
+    if worker == GPU_TREE_WORKER:
+        args["compilation_config"] = dict(TREE_CUDA_COMPILATION_CONFIG)
+    return args
 
 
 def max_spec_len() -> int:
@@ -178,19 +310,13 @@ def max_spec_len() -> int:
     return int(MAX_SPEC_LEN)
 
 
-def check_num_speculative_tokens(value: Any, name: str = "num_speculative_tokens") -> int:  # noqa: ANN401
+def check_num_speculative_tokens(value: Any, name: str = "num_speculative_tokens") -> int:
     """The one check of gamma, for every way it arrives (engine args, serve, the proposer)."""
     limit = max_spec_len()
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
         raise ValueError(f"{name} must be an integer in [1, {limit}] (vLLM's rejection sampler "
                          f"verifies at most MAX_SPEC_LEN = {limit} draft tokens per step), "
                          f"got {value!r}")
-    return value
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> str:  # noqa: ANN401
-    if value not in choices:
-        raise ValueError(f"{_opt(name)} must be one of {list(choices)}, got {value!r}")
     return value
 
 
@@ -220,35 +346,12 @@ def check_drafter_for(model: str | None, drafter: str | None) -> None:
         "drafter directory made for this model's tokenizer (or $SPECDIFF_DRAFTER)")
 
 
-def _path(name: str, value: Any) -> str | None:  # noqa: ANN401
-    if value is None:
-        return None
-    if not isinstance(value, str | Path) or not str(value):
-        raise ValueError(f"{_opt(name)} must be a directory path, got {value!r}")
-    return str(Path(value).expanduser())
-
-
-def _checked(name: str, check: Any, *args: Any) -> None:  # noqa: ANN401
+def _checked(name: str, check: Any, *args: Any) -> None:
     """Run one of the drafter's own file checks, its error prefixed with the option's name."""
     try:
         check(*args)
     except (FileNotFoundError, ValueError) as e:
         raise type(e)(f"{_opt(name)}: {e}") from None
-
-
-def _datastore(value: Any, tree: dict[str, Any]) -> str | None:  # noqa: ANN401
-    """The datastore file: it must exist, and it drafts only through prompt lookup's path
-    (K = 1 with "ngram" in candidates)."""
-    path = _path("datastore", value)
-    if path is None:
-        return None
-    if not Path(path).is_file():
-        raise FileNotFoundError(f"{_opt('datastore')}: no file {path} (build one with "
-                                "`specdiff-distill datastore`)")
-    if tree["K"] != 1 or "ngram" not in tree["candidates"]:
-        raise ValueError(f"{_opt('datastore')} drafts where prompt lookup finds nothing: it "
-                         f"needs K = 1 and 'ngram' in {_opt('candidates')}")
-    return path
 
 
 def check_paths(drafter: str | None, lora: str | None) -> None:
@@ -266,44 +369,37 @@ def check_paths(drafter: str | None, lora: str | None) -> None:
         _checked("lora", check_lora_for, drafter, lora)
 
 
-def _choices(name: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:  # noqa: ANN401
-    if isinstance(value, str) or not isinstance(value, list | tuple) or not value \
-            or any(v not in allowed for v in value) or len(set(value)) != len(value):
-        raise ValueError(f"{_opt(name)} must be a non-empty list of distinct values from "
-                         f"{list(allowed)}, got {value!r}")
-    return tuple(value)
-
-
-def _tree_options(get: Any, defaults: SpecDiffConfig, gamma: int | None  # noqa: ANN401
-                  ) -> dict[str, Any]:
-    """K, candidates, selection and max_tree_tokens, checked together (they bound each other)."""
-    k = _int("K", get("K", defaults.K), 1)
-    assert k is not None
-    candidates = _choices("candidates", get("candidates", list(defaults.candidates)),
-                          CANDIDATE_SOURCES)
-    if candidates[0] != "argmax":
+def _check_together(c: SpecDiffConfig, gamma: int | None, given: dict[str, str]) -> None:
+    """The checks that relate options to each other (or to gamma and the files they name)."""
+    k = _opt(given.get("num_drafts", "num_drafts"))
+    if gamma is not None and c.steps > gamma:
+        raise ValueError(f"{_opt('steps')}={c.steps} exceeds num_speculative_tokens={gamma}")
+    check_paths(c.drafter, c.lora)
+    if c.candidates[0] != "argmax":
         raise ValueError(f"{_opt('candidates')} must start with 'argmax' (candidate 0 is the "
-                         f"argmax draft), got {list(candidates)!r}")
-    if k > 1 and "sample" not in candidates:
-        raise ValueError(f"{_opt('K')}={k} needs 'sample' in {_opt('candidates')}: "
-                         "only one argmax draft exists")
-    selection = _choice("selection", get("selection", defaults.selection), SELECTIONS)
-    max_tree = _int("max_tree_tokens", get("max_tree_tokens", defaults.max_tree_tokens), 2)
-    assert max_tree is not None
-    if k > 1 and max_tree > max_spec_len() + 1:
-        raise ValueError(f"{_opt('max_tree_tokens')}={max_tree} exceeds vLLM's limit of "
-                         f"{max_spec_len()} draft tokens per step plus the root")
-    if k > 1 and gamma is not None and max_tree < gamma + 1:
-        raise ValueError(f"{_opt('max_tree_tokens')}={max_tree} cannot hold one draft of "
-                         f"num_speculative_tokens={gamma} plus the root; use >= {gamma + 1}")
-    return {"K": k, "candidates": candidates, "selection": selection,
-            "max_tree_tokens": max_tree}
+                         f"argmax draft), got {list(c.candidates)!r}")
+    if c.num_drafts > 1 and "sample" not in c.candidates:
+        raise ValueError(f"{k}={c.num_drafts} needs 'sample' in {_opt('candidates')}: only one "
+                         "argmax draft exists")
+    if c.num_drafts > 1 and c.max_tree_tokens > max_spec_len() + 1:
+        raise ValueError(f"{_opt('max_tree_tokens')}={c.max_tree_tokens} exceeds vLLM's limit "
+                         f"of {max_spec_len()} draft tokens per step plus the root")
+    if c.num_drafts > 1 and gamma is not None and c.max_tree_tokens < gamma + 1:
+        raise ValueError(f"{_opt('max_tree_tokens')}={c.max_tree_tokens} cannot hold one draft "
+                         f"of num_speculative_tokens={gamma} plus the root; use >= {gamma + 1}")
+    if c.datastore is not None:
+        if not Path(c.datastore).is_file():
+            raise FileNotFoundError(f"{_opt('datastore')}: no file {c.datastore} (build one "
+                                    "with `specdiff-distill datastore`)")
+        if c.num_drafts != 1 or "ngram" not in c.candidates:
+            raise ValueError(f"{_opt('datastore')} drafts where prompt lookup finds nothing: "
+                             f"it needs {k} = 1 and 'ngram' in {_opt('candidates')}")
 
 
-def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> SpecDiffConfig:  # noqa: ANN401
+def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> SpecDiffConfig:
     """Validate `additional_config` (a dict, a JSON string or None) and return our settings.
 
-    `gamma` (num_speculative_tokens), when given, bounds `steps`.
+    `gamma` (num_speculative_tokens), when given, bounds `steps` and `max_tree_tokens`.
     """
     if additional_config is None:
         additional_config = {}
@@ -319,40 +415,9 @@ def parse_specdiff_config(additional_config: Any, gamma: int | None = None) -> S
         section = {}
     if not isinstance(section, dict):
         raise ValueError(f"additional_config[{SECTION!r}] must be a JSON object, got {section!r}")
-    unknown = sorted(set(section) - set(OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown option(s) {unknown} in additional_config[{SECTION!r}]; "
-                         f"valid options: {list(OPTIONS)}")
-    defaults = SpecDiffConfig()
-    get = section.get
-    steps = _int("steps", get("steps", defaults.steps), 1)
-    if gamma is not None and steps > gamma:
-        raise ValueError(f"{_opt('steps')}={steps} exceeds num_speculative_tokens={gamma}")
-    top_k = _int("top_k", get("top_k", defaults.top_k), 1, allow_none=True)
-    drafter = _path("drafter", get("drafter", defaults.drafter))
-    lora = _path("lora", get("lora", defaults.lora))
-    check_paths(drafter, lora)
-    tree = _tree_options(get, defaults, gamma)
-    return SpecDiffConfig(
-        drafter=drafter,
-        lora=lora,
-        drafter_temperature=_number("drafter_temperature",
-                                    get("drafter_temperature", defaults.drafter_temperature),
-                                    0.0),
-        top_k=top_k,
-        steps=steps,
-        context_window=_int("context_window", get("context_window", defaults.context_window), 1,
-                            allow_none=True),
-        seed=_int("seed", get("seed", defaults.seed), 0),
-        cache_size=_int("cache_size", get("cache_size", defaults.cache_size), 1,
-                        allow_none=True),
-        cache_bytes=_int("cache_bytes", get("cache_bytes", defaults.cache_bytes), 1,
-                         allow_none=True),
-        log_interval=_number("log_interval", get("log_interval", defaults.log_interval), 0.0),
-        **tree,
-        quantize=_choice("quantize", get("quantize", defaults.quantize), QUANTIZE_MODES),
-        adaptive=_bool("adaptive", get("adaptive", defaults.adaptive)),
-        draft_margin=_number("draft_margin", get("draft_margin", defaults.draft_margin), 0.0),
-        refill_ratio=_ratio("refill_ratio", get("refill_ratio", defaults.refill_ratio)),
-        datastore=_datastore(get("datastore", defaults.datastore), tree),
-    )
+    section, given = canonical_section(section)
+    values = {name: check_value(DECLARED[name], value, given[name])
+              for name, value in section.items()}
+    config = SpecDiffConfig(**values)
+    _check_together(config, gamma, given)
+    return config

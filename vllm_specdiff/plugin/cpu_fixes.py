@@ -49,7 +49,7 @@ def expand_any_dtype(output_ptr: torch.Tensor, input_ptr: torch.Tensor,
     output_ptr[: expanded.numel()].copy_(expanded)
 
 
-def kernel_params(kernel: Any) -> tuple[str, ...]:  # noqa: ANN401 - a Triton kernel or function
+def kernel_params(kernel: Any) -> tuple[str, ...]:  # a Triton kernel or function
     """Parameter names of a Triton kernel, of vLLM's override wrapper, or of a plain function."""
     names = getattr(kernel, "arg_names", None)
     if names is None:

@@ -44,12 +44,12 @@ _LAYOUT_ERRORS = (ImportError, AttributeError, TypeError, ValueError)
 SAMPLE_PARAMS = ("self", "logits", "spec_decode_metadata")
 
 
-def has_no_draft(spec_decode_metadata: Any) -> bool:  # noqa: ANN401
+def has_no_draft(spec_decode_metadata: Any) -> bool:
     """True for a step's metadata in which no request has a draft token."""
     return spec_decode_metadata is not None and spec_decode_metadata.max_spec_len == 0
 
 
-def thinking_budget_active(runner: Any) -> bool:  # noqa: ANN401
+def thinking_budget_active(runner: Any) -> bool:
     """True while the runner's thinking-budget holder tracks a request (module docstring)."""
     sampling_metadata = getattr(getattr(runner, "input_batch", None), "sampling_metadata", None)
     holder = getattr(sampling_metadata, "thinking_budget_state_holder", None)
@@ -60,8 +60,8 @@ def plain_when_draftless(sample: Callable[..., Any]) -> Callable[..., Any]:
     """vLLM's `_sample(self, logits, spec_decode_metadata)`, with `None` as the metadata of a
     step without draft tokens (the plain sampler's path)."""
 
-    def _sample(self: Any, logits: torch.Tensor | None,  # noqa: ANN401
-                spec_decode_metadata: Any) -> Any:  # noqa: ANN401
+    def _sample(self: Any, logits: torch.Tensor | None,
+                spec_decode_metadata: Any) -> Any:
         if has_no_draft(spec_decode_metadata) and not thinking_budget_active(self):
             spec_decode_metadata = None
         return sample(self, logits, spec_decode_metadata)

@@ -14,42 +14,46 @@ from __future__ import annotations
 
 from typing import Any
 
+from vllm_specdiff.core import DEFAULT_GAMMA
 from vllm_specdiff.plugin.config import (
     SECTION,
+    canonical_section,
     check_num_speculative_tokens,
     parse_specdiff_config,
     tree_engine_args,
 )
 
+__all__ = ["DEFAULT_GAMMA", "PROPOSER_PATH", "specdiff_engine_args", "specdiff_stats"]
+
 PROPOSER_PATH = "vllm_specdiff.SpecDiffProposer"
-DEFAULT_GAMMA = 8
 
 
 def specdiff_engine_args(num_speculative_tokens: int = DEFAULT_GAMMA,
-                         **options: Any) -> dict[str, Any]:  # noqa: ANN401
+                         **options: Any) -> dict[str, Any]:
     """`speculative_config` and `additional_config` for `LLM(...)` / `EngineArgs`.
 
-    options are the drafter settings of `SpecDiffConfig` (the names in `config.OPTIONS`:
-    drafter, lora, drafter_temperature, top_k, steps, context_window, cache_size,
-    cache_bytes, K, max_tree_tokens, ...); they are validated here, so a bad option fails before
-    the engine starts. K > 1 also selects the tree-verifying worker of this platform
+    options are the drafter settings of `SpecDiffConfig` (the names in `config.OPTIONS`,
+    docs/options.md; the old keyword `K` is a deprecated alias of `num_drafts`); they are
+    validated here, so a bad option fails before the engine starts, and the section returned
+    names each by its current name. num_drafts > 1 also selects the tree-verifying worker of
+    this platform
     (`worker_cls`, `config.tree_worker`), turns async scheduling off and, on CUDA, keeps
     attention out of CUDA graphs (`compilation_config`): `config.tree_engine_args`.
     """
     check_num_speculative_tokens(num_speculative_tokens)
-    section = {k: v for k, v in options.items() if v is not None}
+    section = canonical_section({k: v for k, v in options.items() if v is not None})[0]
     config = parse_specdiff_config({SECTION: section}, gamma=num_speculative_tokens)
     args: dict[str, Any] = {
         "speculative_config": {"model": PROPOSER_PATH,
                                "num_speculative_tokens": num_speculative_tokens},
         "additional_config": {SECTION: section},
     }
-    if config.K > 1:  # K candidates are verified as a trie by our worker; K = 1 needs none
+    if config.num_drafts > 1:  # K candidates are verified as a trie by our worker; K = 1 needs none
         args.update(tree_engine_args())
     return args
 
 
-def _proposer_stats(worker: Any) -> dict[str, Any] | None:  # noqa: ANN401
+def _proposer_stats(worker: Any) -> dict[str, Any] | None:
     """Runs inside each vLLM worker (collective_rpc): the proposer's own statistics."""
     worker = getattr(worker, "worker", worker)
     runner = getattr(worker, "model_runner", None)
@@ -58,7 +62,7 @@ def _proposer_stats(worker: Any) -> dict[str, Any] | None:  # noqa: ANN401
     return get() if callable(get) else None
 
 
-def _reset_proposer_stats(worker: Any) -> bool:  # noqa: ANN401
+def _reset_proposer_stats(worker: Any) -> bool:
     worker = getattr(worker, "worker", worker)
     drafter = getattr(getattr(worker, "model_runner", None), "drafter", None)
     reset = getattr(drafter, "reset_stats", None)
@@ -68,7 +72,7 @@ def _reset_proposer_stats(worker: Any) -> bool:  # noqa: ANN401
     return False
 
 
-def vllm_spec_decode_counters(llm: Any) -> dict[str, Any]:  # noqa: ANN401
+def vllm_spec_decode_counters(llm: Any) -> dict[str, Any]:
     """vLLM's spec-decode counters; empty for an engine built with `disable_log_stats=True`
     (the `LLM` default), whose `get_metrics` refuses to run."""
     from vllm.v1.metrics.reader import Counter, Vector
@@ -91,7 +95,7 @@ def vllm_spec_decode_counters(llm: Any) -> dict[str, Any]:  # noqa: ANN401
     return counters
 
 
-def specdiff_stats(llm: Any) -> dict[str, Any]:  # noqa: ANN401
+def specdiff_stats(llm: Any) -> dict[str, Any]:
     """Drafter time per step, accepted length (ours and vLLM's counters) of an `LLM`.
 
     Proposer statistics need the engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) or
@@ -113,6 +117,6 @@ def specdiff_stats(llm: Any) -> dict[str, Any]:  # noqa: ANN401
     return out
 
 
-def reset_specdiff_stats(llm: Any) -> None:  # noqa: ANN401
+def reset_specdiff_stats(llm: Any) -> None:
     """Zero the proposer's counters (vLLM's Prometheus counters only ever grow)."""
     llm.collective_rpc(_reset_proposer_stats)

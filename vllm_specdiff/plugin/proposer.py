@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from vllm_specdiff.adaptive import AdaptiveDrafting, Plan, TailCredit
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
 from vllm_specdiff.core.datastore import Datastore
-from vllm_specdiff.plugin.adaptive import AdaptiveDrafting, Plan, TailCredit
 from vllm_specdiff.plugin.candidates import candidate_drafts, lookup_continuations, ngram_draft
 from vllm_specdiff.plugin.config import (
     SpecDiffConfig,
@@ -72,13 +72,13 @@ class _Pending:
     lookup: bool = False  # the draft was a prompt-lookup continuation
 
 
-def _logger() -> Any:  # noqa: ANN401
+def _logger() -> Any:
     from vllm.logger import init_logger
 
     return init_logger("vllm.specdiff")  # under "vllm", so vLLM's log handlers print it
 
 
-def verifier_tokenizer(model_config: Any) -> Any:  # noqa: ANN401
+def verifier_tokenizer(model_config: Any) -> Any:
     """vLLM's own tokenizer of the served model, whatever names it (a hub id, a local
     directory, a ModelScope id); None when vLLM skips tokenizer init. `model_config.tokenizer`
     is only a name, not necessarily a directory to read a vocabulary from."""
@@ -94,7 +94,7 @@ class SpecDiffProposer:
     `drafter.model` to decide how to treat a proposer.
     """
 
-    def __init__(self, vllm_config: Any) -> None:  # noqa: ANN401
+    def __init__(self, vllm_config: Any) -> None:
         spec = vllm_config.speculative_config
         self.gamma = check_num_speculative_tokens(
             None if spec is None else spec.num_speculative_tokens,
@@ -109,7 +109,7 @@ class SpecDiffProposer:
         self.model_config = model_config
         max_num_seqs = int(vllm_config.scheduler_config.max_num_seqs)
         # K = 1 with "ngram": rows whose context repeats draft the prompt-lookup continuation
-        self.lookup_enabled = self.config.K == 1 and "ngram" in self.config.candidates
+        self.lookup_enabled = self.config.num_drafts == 1 and "ngram" in self.config.candidates
         self.datastore = None if self.config.datastore is None \
             else Datastore.load(Path(self.config.datastore))
         if self.datastore is not None and self.datastore.tokens.size \
@@ -141,8 +141,9 @@ class SpecDiffProposer:
         self.clock: Callable[[], float] = time.perf_counter
         self.adaptive = AdaptiveDrafting(
             self.gamma,
-            full_tokens=self.gamma if self.config.K == 1 else self.config.max_tree_tokens - 1,
-            chain_choices=self.config.K == 1,
+            full_tokens=self.gamma if self.config.num_drafts == 1
+            else self.config.max_tree_tokens - 1,
+            chain_choices=self.config.num_drafts == 1,
             lookup=self.lookup_enabled,
             margin=self.config.draft_margin,
             refill_ratio=self.config.refill_ratio) if self.config.adaptive else None
@@ -161,13 +162,14 @@ class SpecDiffProposer:
         self.tree_walks = self.tree_walks_several = 0  # selection "tree": walked steps
 
     # ---- vLLM interface -------------------------------------------------------------------------
-    def load_model(self, target_model: Any = None, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
+    def load_model(self, target_model: Any = None, *args: Any, **kwargs: Any) -> None:
         """Load the drafter next to the verifier (vLLM calls this after loading the target)."""
         from vllm_specdiff.drafter import load_drafter
 
-        if self.config.K > 1 and not self.trees_enabled:
+        if self.config.num_drafts > 1 and not self.trees_enabled:
             worker = tree_worker()
-            raise ValueError(f"additional_config['specdiff']['K'] = {self.config.K} needs the "
+            raise ValueError(f"additional_config['specdiff']['num_drafts'] = "
+                             f"{self.config.num_drafts} needs the "
                              f"tree-verifying worker: add worker_cls={worker!r} "
                              f"(--worker-cls {worker})")
         device = torch.device("cpu")
@@ -232,8 +234,8 @@ class SpecDiffProposer:
                 f"num_speculative_tokens = {self.gamma} exceeds the drafter's {limit} positions")
 
     def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
-                token_ids_cpu: np.ndarray, slot_mappings: Any = None,  # noqa: ANN401
-                **kwargs: Any) -> list[list[int]]:  # noqa: ANN401
+                token_ids_cpu: np.ndarray, slot_mappings: Any = None,
+                **kwargs: Any) -> list[list[int]]:
         """One draft per row whose request just sampled tokens; [] for the others.
 
         token_ids_cpu[i, :num_tokens_no_spec[i]] is row i's committed sequence (prompt plus
@@ -422,7 +424,7 @@ class SpecDiffProposer:
             group = [j for j, n in enumerate(lengths) if n == length]
             logits = self.drafter.draft_logits([contexts[j] for j in group], length,
                                                steps=min(self.config.steps, length))
-            if self.config.K > 1:
+            if self.config.num_drafts > 1:
                 self._tree_drafts(logits, group, contexts, allowed, out, tries)
                 continue
             if self.config.drafter_temperature == 0:  # argmax drafts: skip one-hot marginals over V
@@ -441,7 +443,7 @@ class SpecDiffProposer:
         """K candidates per row merged into a trie (rows the runner allows, with a full window and
         room for the trie); other rows get the argmax draft, verified by vLLM as a chain."""
         full = logits.shape[1] == self.gamma
-        candidates = candidate_drafts(logits, self.config.K if full else 1,
+        candidates = candidate_drafts(logits, self.config.num_drafts if full else 1,
                                       self.config.drafter_temperature, self.config.top_k,
                                       self.generator)
         for r, j in enumerate(group):
@@ -479,7 +481,7 @@ class SpecDiffProposer:
         with self._lock:
             self.tree_walks += walked
             self.tree_walks_several += several_tried
-            self.tree_stats.record(accepted, self.gamma, selected, self.config.K)
+            self.tree_stats.record(accepted, self.gamma, selected, self.config.num_drafts)
             for source in sources:
                 self.chosen_sources[source] = self.chosen_sources.get(source, 0) + 1
             self.tau_chosen += sum(tau_chosen)
@@ -519,7 +521,7 @@ class SpecDiffProposer:
             "drafted_tokens": self.stats.drafted_tokens,
             "adaptive": adaptive,
         }
-        if self.config.K > 1:
+        if self.config.num_drafts > 1:
             steps = self.tree_stats.steps
             out["tree"] = {**self.tree_stats.to_dict(),
                            "chosen_sources": dict(self.chosen_sources),
@@ -563,11 +565,12 @@ class SpecDiffProposer:
             "(%d verify steps), cache %s",
             1000.0 * d_secs / max(d_calls, 1), d_calls, self.stats.mean_accepted_length,
             self.gamma, steps, self.drafter.cache_stats() if self.drafter is not None else {})
-        if self.config.K > 1:
+        if self.config.num_drafts > 1:
             tree = self.tree_stats
             _logger().info(
                 "SpecDiff self-selection (K=%d): %d trie steps, mean accepted length %.2f, "
-                "chosen %s, mean tau chosen %.2f vs all %.2f", self.config.K, tree.steps,
+                "chosen %s, mean tau chosen %.2f vs all %.2f", self.config.num_drafts,
+                tree.steps,
                 tree.mean_accepted_length, self.chosen_sources,
                 self.tau_chosen / max(tree.steps, 1), self.tau_all / max(tree.steps, 1))
         if self.adaptive is not None:

@@ -114,8 +114,8 @@ def fast_recovered_tokens(sample_recovered: Callable[..., Any]) -> Callable[...,
     def sample_recovered_tokens(max_spec_len: int, num_draft_tokens: list[int],
                                 cu_num_draft_tokens: torch.Tensor, draft_token_ids: torch.Tensor,
                                 draft_probs: torch.Tensor | None, target_probs: torch.Tensor,
-                                sampling_metadata: Any, *args: Any,  # noqa: ANN401
-                                **kwargs: Any) -> torch.Tensor:  # noqa: ANN401
+                                sampling_metadata: Any, *args: Any,
+                                **kwargs: Any) -> torch.Tensor:
         uniform, _Uniforms.last = _Uniforms.last, None
         if draft_token_ids.numel() == 0:
             return torch.empty_like(draft_token_ids)
@@ -148,7 +148,7 @@ def fast_recovered_tokens(sample_recovered: Callable[..., Any]) -> Callable[...,
 def remembering_uniforms(generate: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """vLLM's `generate_uniform_probs`, keeping its result for `sample_recovered_tokens`."""
 
-    def generate_uniform_probs(*args: Any, **kwargs: Any) -> torch.Tensor:  # noqa: ANN401
+    def generate_uniform_probs(*args: Any, **kwargs: Any) -> torch.Tensor:
         _Uniforms.last = generate(*args, **kwargs)
         return _Uniforms.last
 

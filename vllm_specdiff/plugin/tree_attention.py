@@ -144,14 +144,14 @@ class TreeBatchContext:
         self.requests = []
         self._memo = {}
 
-    def memo(self, name: str, build: Callable[[], Any]) -> Any:  # noqa: ANN401
+    def memo(self, name: str, build: Callable[[], Any]) -> Any:
         """build() on the first call per forward, then its result."""
         if name not in self._memo:
             self._memo[name] = build()
         return self._memo[name]
 
 
-def _unsupported(impl: Any) -> str | None:  # noqa: ANN401
+def _unsupported(impl: Any) -> str | None:
     """The attention feature of `impl` that tree rows recomputed without it would get wrong."""
     # CPU: -1 or None without a window; CUDA backends: (-1, -1).
     if getattr(impl, "sliding_window", -1) not in (-1, None, (-1, -1)):
@@ -179,15 +179,15 @@ class TreeForward:
     token's K/V through the slot mapping), then `recompute` overwrites the trie requests' rows
     with tree-masked attention. Platforms differ only in `recompute` and the cache layout."""
 
-    def __init__(self, impl: Any, layout: Any, context: TreeBatchContext) -> None:  # noqa: ANN401
+    def __init__(self, impl: Any, layout: Any, context: TreeBatchContext) -> None:
         self.native = impl.forward
         self.scale = float(impl.scale)
         self.layout = layout
         self.context = context
 
-    def __call__(self, layer: Any, query: torch.Tensor, key: torch.Tensor,  # noqa: ANN401
-                 value: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: Any,  # noqa: ANN401
-                 output: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:  # noqa: ANN401
+    def __call__(self, layer: Any, query: torch.Tensor, key: torch.Tensor,
+                 value: torch.Tensor, kv_cache: torch.Tensor, attn_metadata: Any,
+                 output: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         result = self.native(layer, query, key, value, kv_cache, attn_metadata, output, *args,
                              **kwargs)
         if attn_metadata is None or not self.context.requests:
@@ -196,7 +196,7 @@ class TreeForward:
         return result
 
     def recompute(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor  # noqa: ANN401
+                  kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor
                   ) -> None:
         raise NotImplementedError
 
@@ -206,7 +206,7 @@ class TreeMaskForward(TreeForward):
     attention with the ancestor mask."""
 
     def recompute(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor  # noqa: ANN401
+                  kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor
                   ) -> None:
         bs = self.layout.block_size
         for req in self.context.requests:
@@ -219,9 +219,9 @@ class TreeMaskForward(TreeForward):
                                           prefix_v, req.mask, self.scale)
 
 
-def wrap_attention_layers(attention_layers: dict[str, Any], impl_types: tuple[type, ...],  # noqa: ANN401
-                          backend: str, layout_for: Callable[[Any, torch.Tensor], Any],  # noqa: ANN401
-                          wrap: Callable[[Any, Any], TreeForward]) -> Any:  # noqa: ANN401
+def wrap_attention_layers(attention_layers: dict[str, Any], impl_types: tuple[type, ...],
+                          backend: str, layout_for: Callable[[Any, torch.Tensor], Any],
+                          wrap: Callable[[Any, Any], TreeForward]) -> Any:
     """Wrap the forward of every attention layer (once); returns the cache layout, made by
     `layout_for(layer, kv_cache)` from the first layer.
 
@@ -250,12 +250,12 @@ def wrap_attention_layers(attention_layers: dict[str, Any], impl_types: tuple[ty
     return layout
 
 
-def _probe_layout(layer: Any, kv_cache: torch.Tensor) -> CacheLayout:  # noqa: ANN401
+def _probe_layout(layer: Any, kv_cache: torch.Tensor) -> CacheLayout:
     _, heads, block_size, _ = kv_cache.shape
     return CacheLayout.probe(heads, block_size, layer.impl.head_size, kv_cache.dtype, layer.isa)
 
 
-def install_tree_attention(attention_layers: dict[str, Any], context: TreeBatchContext  # noqa: ANN401
+def install_tree_attention(attention_layers: dict[str, Any], context: TreeBatchContext
                            ) -> CacheLayout:
     """Wrap the forward of every CPU attention layer; returns the probed cache layout."""
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackendImpl

@@ -127,7 +127,7 @@ class CudaTreeMaskForward(TreeForward):
     from the paged cache through the requests' block tables."""
 
     def recompute(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                  kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor  # noqa: ANN401
+                  kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor
                   ) -> None:
         from vllm_specdiff_kernels.dispatch import tree_attention
 
@@ -159,11 +159,11 @@ def cuda_attention_impls() -> tuple[type, ...]:
     return tuple(impls)
 
 
-def _layout_for(layer: Any, kv_cache: torch.Tensor) -> PagedKVLayout:  # noqa: ANN401
+def _layout_for(layer: Any, kv_cache: torch.Tensor) -> PagedKVLayout:
     return PagedKVLayout.for_cache(kv_cache, int(layer.impl.head_size))
 
 
-def install_cuda_tree_attention(attention_layers: dict[str, Any], context: TreeBatchContext,  # noqa: ANN401
+def install_cuda_tree_attention(attention_layers: dict[str, Any], context: TreeBatchContext,
                                 impl_types: tuple[type, ...] | None = None) -> PagedKVLayout:
     """Wrap the forward of every CUDA attention layer; returns the cache layout.
 

@@ -79,7 +79,7 @@ class Selection:
         return float(self.taus.mean())
 
 
-def tree_eligible(params: Any) -> bool:  # noqa: ANN401
+def tree_eligible(params: Any) -> bool:
     """Whether a request may be verified as a trie: features that assume vLLM's own chain of
     drafts (penalties and bad words read the drafts as output history, structured output
     validates them as a sequence) fall back to one argmax draft."""
@@ -90,7 +90,7 @@ def tree_eligible(params: Any) -> bool:  # noqa: ANN401
             and getattr(params, "structured_outputs", None) is None)
 
 
-def tree_rule_eligible(params: Any) -> bool:  # noqa: ANN401
+def tree_rule_eligible(params: Any) -> bool:
     """Whether the tree walk (selection "tree") commits this request exactly as vLLM would
     sample it. The walk applies temperature, top-k, top-p and the request's seed; what else
     vLLM's rejection sampler honours needs its chain: sample logprobs (and logprob_token_ids)
@@ -130,7 +130,7 @@ def tried_several_children(trie: RequestTrie, nodes: torch.Tensor) -> bool:
     return False
 
 
-def _custom_logits_processors(logitsprocs: Any) -> bool:  # noqa: ANN401
+def _custom_logits_processors(logitsprocs: Any) -> bool:
     """Whether the engine loaded logits processors beyond vLLM's built-in ones (min_p,
     logit_bias, min_tokens, which `tree_rule_eligible` checks per request): the walk cannot
     apply them, so selection "tree" then commits every trie as "tau"."""
@@ -144,7 +144,7 @@ def _custom_logits_processors(logitsprocs: Any) -> bool:  # noqa: ANN401
     return any(not isinstance(proc, builtin) for proc in logitsprocs.all)
 
 
-def _filters(params: Any, vocab: int) -> tuple[float, int | None, float | None]:  # noqa: ANN401
+def _filters(params: Any, vocab: int) -> tuple[float, int | None, float | None]:
     temperature = float(params.temperature)
     if temperature < _SAMPLING_EPS:
         return 0.0, None, None
@@ -153,7 +153,7 @@ def _filters(params: Any, vocab: int) -> tuple[float, int | None, float | None]:
     return temperature, top_k, top_p
 
 
-def select_candidate(trie: RequestTrie, node_logits: torch.Tensor, params: Any  # noqa: ANN401
+def select_candidate(trie: RequestTrie, node_logits: torch.Tensor, params: Any
                      ) -> tuple[int, torch.Tensor]:
     """k* and tau [K]: the candidate with the highest expected accepted length under the request's
     own sampling settings (ties: lowest k, so the argmax draft wins ties)."""
@@ -203,7 +203,7 @@ class TreeVerificationRunner:
     """Trie verification for the SpecDiff proposer (K > 1), mixed into one of vLLM's model
     runners (`SpecDiffCPUModelRunner`); the platform's part is `_install_tree_attention`."""
 
-    def __init__(self, vllm_config: Any, device: torch.device) -> None:  # noqa: ANN401
+    def __init__(self, vllm_config: Any, device: torch.device) -> None:
         super().__init__(vllm_config, device)
         drafter = getattr(self, "drafter", None)
         if not hasattr(drafter, "trees_enabled"):
@@ -223,7 +223,7 @@ class TreeVerificationRunner:
         self._proposed = False
 
     # ---- set-up ---------------------------------------------------------------------------------
-    def initialize_kv_cache(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
+    def initialize_kv_cache(self, *args: Any, **kwargs: Any) -> None:
         super().initialize_kv_cache(*args, **kwargs)
         if len(self.kv_cache_config.kv_cache_groups) != 1:
             raise ValueError("tree verification (K > 1) supports models with one KV cache group")
@@ -240,8 +240,8 @@ class TreeVerificationRunner:
         raise NotImplementedError
 
     # ---- one step -------------------------------------------------------------------------------
-    def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray  # noqa: ANN401
-                        ) -> Any:  # noqa: ANN401
+    def _prepare_inputs(self, scheduler_output: Any, num_scheduled_tokens: np.ndarray
+                        ) -> Any:
         out = super()._prepare_inputs(scheduler_output, num_scheduled_tokens)
         self._step_tries = {}
         requests = [req for req_id, spec in scheduler_output.scheduled_spec_decode_tokens.items()
@@ -270,13 +270,13 @@ class TreeVerificationRunner:
         self._step_tries[req_id] = StepTrie(trie, i, slots)
         return TreeRequest(start, n, prefix, i, trie.ancestor_mask())
 
-    def _model_forward(self, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+    def _model_forward(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return super()._model_forward(*args, **kwargs)
         finally:
             self.tree_context.clear()
 
-    def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:  # noqa: ANN401
+    def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
         if spec_decode_metadata is None or not self._step_tries or logits is None:
             return super()._sample(logits, spec_decode_metadata)
         rows, drafts, paths = self._select_chains(logits, spec_decode_metadata)
@@ -376,8 +376,8 @@ class TreeVerificationRunner:
             self.tree_layout.move(kv_cache, src_t, dst_t)
 
     # ---- proposing ------------------------------------------------------------------------------
-    def propose_draft_token_ids(self, scheduler_output: Any, sampled_token_ids: Any,  # noqa: ANN401
-                                *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+    def propose_draft_token_ids(self, scheduler_output: Any, sampled_token_ids: Any,
+                                *args: Any, **kwargs: Any) -> Any:
         drafter = self.drafter
         req_ids = self.input_batch.req_ids
         drafter.tree_rows = np.array([
@@ -390,7 +390,7 @@ class TreeVerificationRunner:
         self._proposed = True
         return drafts
 
-    def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:  # noqa: ANN401
+    def sample_tokens(self, *args: Any, **kwargs: Any) -> Any:
         self._proposed = False
         out = super().sample_tokens(*args, **kwargs)
         if not self._proposed:

@@ -25,7 +25,7 @@ from vllm_specdiff.plugin.tree_runner import TreeVerificationRunner
 PIECEWISE_FLAG = """--compilation-config '{"cudagraph_mode": "PIECEWISE"}'"""
 
 
-def check_attention_outside_cuda_graphs(compilation_config: Any) -> None:  # noqa: ANN401
+def check_attention_outside_cuda_graphs(compilation_config: Any) -> None:
     """The trie rows are recomputed in Python around each attention call; a CUDA graph that
     captured attention replays the causal kernel alone, so the trie's logits (and the output)
     would be wrong. Piecewise graphs (attention between the pieces) and eager mode are fine."""
@@ -39,7 +39,7 @@ def check_attention_outside_cuda_graphs(compilation_config: Any) -> None:  # noq
                          "--enforce-eager")
 
 
-def check_parallel_config(parallel_config: Any) -> None:  # noqa: ANN401
+def check_parallel_config(parallel_config: Any) -> None:
     """Micro-batching splits the query rows the trie requests index; decode context
     parallelism shards the prefix KV across ranks. Neither is supported with tries."""
     if getattr(parallel_config, "use_ubatching", False):
@@ -53,12 +53,12 @@ def check_parallel_config(parallel_config: Any) -> None:  # noqa: ANN401
 class SpecDiffGPUModelRunner(TreeVerificationRunner, GPUModelRunner):
     """vLLM's GPU model runner plus trie verification (tree rows by the Triton kernel)."""
 
-    def __init__(self, vllm_config: Any, device: torch.device) -> None:  # noqa: ANN401
+    def __init__(self, vllm_config: Any, device: torch.device) -> None:
         check_attention_outside_cuda_graphs(vllm_config.compilation_config)
         check_parallel_config(vllm_config.parallel_config)
         super().__init__(vllm_config, device)
 
-    def _install_tree_attention(self, layers: dict[str, Any]) -> PagedKVLayout:  # noqa: ANN401
+    def _install_tree_attention(self, layers: dict[str, Any]) -> PagedKVLayout:
         return install_cuda_tree_attention(layers, self.tree_context)
 
 

@@ -21,7 +21,7 @@ def clamp_spec_decode_stats() -> bool:
     if getattr(original, "specdiff_clamped", False):
         return False
 
-    def observe_draft(self: Any, num_draft_tokens: int, num_accepted_tokens: int) -> None:  # noqa: ANN401
+    def observe_draft(self: Any, num_draft_tokens: int, num_accepted_tokens: int) -> None:
         original(self, min(num_draft_tokens, self.num_spec_tokens), num_accepted_tokens)
 
     observe_draft.specdiff_clamped = True  # type: ignore[attr-defined]
