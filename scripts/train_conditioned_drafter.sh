@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The verifier-conditioned drafter for SmolLM2-135M-Instruct (issue 39), stage by stage. Every stage
+# is resumable: rerun and it continues (shards and feature shards that exist are skipped, training
+# resumes from its latest checkpoint). Runs at low priority, one thread per training run.
+#
+#   bash scripts/train_conditioned_drafter.sh STAGE
+#     data       unpack the committed token ids (training/data_pack) into $CACHE/data
+#     design-data  the comparison's fixed data: links to 8 shards of the greedy completion data
+#     features   verifier features (taps 1, 14, 27) of every shard that exists
+#     design-a   DFlash design: a new 2-layer drafter reading the features through KV injection
+#     design-b   the shipped block-causal drafter plus zero-initialised feature injection
+# design-a and design-b are the equal-budget comparison of issue 39 item 5: same data, same
+# held-out windows (the trainer's per-prompt split), one thread each, curves against CPU seconds.
+#
+# Work lands in $SPECDIFF_CACHE_DIR (default ~/.cache/vllm-specdiff): data/, runs/.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
+CACHE="${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}"
+NICE="nice -n ${SPECDIFF_NICE:-19}"
+STEPS="${SPECDIFF_TRAIN_STEPS:-20000}"
+MODELS="$("$BIN/vllm-specdiff" models)"
+V="$(sed -n 's/^verifier: //p' <<<"$MODELS")"
+STANDALONE="$(sed -n 's/^drafter: //p' <<<"$MODELS")"
+# The design comparison's data: the first 8 shards (512 prompts) of the completion corpus's greedy
+# continuations, fixed so that both designs are measured on the same held-out windows.
+DATA="${SPECDIFF_CONDITIONED_DATA:-$CACHE/data/design-compare}"
+COMMON=(--data "$DATA" --finetune full --gamma 8 --windows-per-seq 16 --batch-size 4
+        --steps "$STEPS" --warmup-steps 50 --schedule constant --max-length 640
+        --heldout-fraction 0.05 --save-every 50 --eval-every 50 --eval-windows 256)
+train() { env OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" train "$@"; }
+
+case "${1:-}" in
+  data)
+    $NICE "$BIN/python" -m vllm_specdiff_training.data_pack unpack --packed "$ROOT/data" \
+      --output "$CACHE/data" ;;
+  design-data)
+    src="$CACHE/data/greedy-complete"
+    mkdir -p "$DATA"
+    cp "$src/meta.json" "$DATA/"
+    for i in 0 1 2 3 4 5 6 7; do ln -sf "$src/shard-0000$i.safetensors" "$DATA/"; done ;;
+  features)
+    for d in ${DATA//,/ }; do
+      OMP_NUM_THREADS=1 $NICE "$BIN/python" -c "from vllm_specdiff_training.features import \
+build_features; print(build_features('$d', '$V', (1, 14, 27)))"
+    done ;;
+  design-a)
+    train "${COMMON[@]}" --output "$CACHE/runs/conditioned-a" --arch conditioned \
+      --init-from "$V" --num-layers 2 --num-taps 3 --draft-vocab-size 8192 --loss ce-decay \
+      --lr 6e-4 ;;
+  design-b)
+    train "${COMMON[@]}" --output "$CACHE/runs/conditioned-b" --arch injected \
+      --drafter "$STANDALONE" --verifier "$V" --num-taps 3 \
+      --freeze-params 'embed_tokens,layers\.0\.,lm_head' --loss streak --lr 3e-4 ;;
+  *) echo "usage: $0 data|design-data|features|design-a|design-b" >&2; exit 2 ;;
+esac

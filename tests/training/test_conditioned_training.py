@@ -1,0 +1,114 @@
+"""Training verifier-conditioned drafters: both designs, their losses, resume and checkpoints."""
+
+import pytest
+import torch
+
+from vllm_specdiff.drafter.block_causal import BlockCausalDrafter
+from vllm_specdiff_training.model import drafter_from_checkpoint
+from vllm_specdiff_training.trainer import TrainConfig, Trainer, latest_checkpoint
+
+from .conftest import make_verifier
+from .test_pipeline import _generate
+
+GAMMA = 4
+
+
+@pytest.fixture(scope="module")
+def verifier3(tmp_path_factory):
+    return make_verifier(tmp_path_factory.mktemp("verifier3"), layers=3)
+
+
+@pytest.fixture(scope="module")
+def greedy_data(tmp_path_factory, verifier3, prompts_file):
+    out = tmp_path_factory.mktemp("greedy")
+    _generate(verifier3, prompts_file, out, num_samples=1, temperature=0.0, top_logprobs=0)
+    return out
+
+
+def _cfg(data, out, init_from, **kw):
+    cfg = dict(data=str(data), output=str(out), init_from=init_from and str(init_from),
+               arch="conditioned",
+               num_layers=1, num_taps=2, gamma=GAMMA, steps=6, batch_size=3, windows_per_seq=3,
+               lr=3e-3, warmup_steps=1, heldout_fraction=0.25, save_every=3, eval_every=3,
+               eval_windows=16, finetune="full", loss="ce-decay", schedule="constant")
+    cfg.update(kw)
+    return TrainConfig(**cfg)
+
+
+def test_conditioned_run_learns_resumes_and_rebuilds_from_its_checkpoint(tmp_path, greedy_data,
+                                                                         verifier3):
+    long = Trainer(_cfg(greedy_data, tmp_path / "long", verifier3, steps=60, lr=1e-2))
+    first = long.heldout_measures()["heldout_expected_streak"]
+    summary = long.run()
+    # it learns the verifier's streaks (0.02 -> 0.07 on this tiny random verifier)
+    assert summary["heldout_expected_streak"] > 2.5 * first
+    assert summary["trainable_parameters"] < sum(p.numel() for p in long.drafter.parameters())
+
+    # stopped at step 3 and resumed: the same weights as a run that never stopped
+    Trainer(_cfg(greedy_data, tmp_path / "r", verifier3, steps=3)).run()
+    resumed = Trainer(_cfg(greedy_data, tmp_path / "r", verifier3))
+    resumed.run()
+    straight = Trainer(_cfg(greedy_data, tmp_path / "s", verifier3))
+    straight.run()
+    for (name, a), b in zip(resumed.drafter.named_parameters(),
+                            straight.drafter.parameters(), strict=True):
+        torch.testing.assert_close(a, b, msg=lambda m, name=name: f"{name}: {m}")
+
+    rebuilt = drafter_from_checkpoint(latest_checkpoint(tmp_path / "s"))
+    batch = straight._micro_batch(0)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            rebuilt.window_logits(batch.input_ids, batch.starts, GAMMA, batch.features),
+            straight.drafter.eval().window_logits(batch.input_ids, batch.starts, GAMMA,
+                                                  batch.features))
+
+
+def test_conditioned_arch_refuses_an_existing_drafter_or_a_missing_verifier(tmp_path, greedy_data,
+                                                                            verifier3):
+    with pytest.raises(ValueError, match="--init-from"):
+        _cfg(greedy_data, tmp_path, None).validate()
+    with pytest.raises(ValueError, match="--verifier"):
+        _cfg(greedy_data, tmp_path, None, arch="injected", drafter=str(tmp_path)).validate()
+    with pytest.raises(ValueError, match="--arch"):
+        _cfg(greedy_data, tmp_path, verifier3, arch="dflash").validate()
+
+
+def _standalone(verifier):
+    return BlockCausalDrafter.from_causal_lm(verifier, 2, cache_size=0).eval()
+
+
+@torch.no_grad()
+def test_injection_starts_as_the_standalone_drafter_and_never_reads_ahead(verifier3):
+    drafter = _standalone(verifier3)
+    ids = torch.randint(3, 60, (1, 16), generator=torch.Generator().manual_seed(1))
+    feats = torch.randn(1, 16, 64)
+    starts = torch.tensor([[6, 11]])
+    plain = drafter.window_logits(ids, starts, GAMMA)
+    drafter.add_injection((0, 1))
+    torch.testing.assert_close(drafter.window_logits(ids, starts, GAMMA, feats), plain)
+    for proj in drafter.injection.inject:
+        proj.weight.normal_(0, 0.5)
+    s = 11
+    base = drafter.window_logits(ids, torch.tensor([[s]]), GAMMA, feats)
+    ahead = feats.clone()
+    ahead[:, s - 1:] += 3.0  # the last context token's own state (not there when serving)
+    assert torch.equal(base, drafter.window_logits(ids, torch.tensor([[s]]), GAMMA, ahead))
+    seen = feats.clone()
+    seen[:, s - 2] += 3.0  # negative control: the state before the last token is read
+    assert not torch.allclose(base, drafter.window_logits(ids, torch.tensor([[s]]), GAMMA, seen))
+
+
+def test_injected_run_starts_from_the_standalone_streak_and_saves_its_injection(
+        tmp_path, greedy_data, verifier3):
+    start = tmp_path / "standalone"
+    _standalone(verifier3).save_pretrained(start)
+    cfg = _cfg(greedy_data, tmp_path / "inj", None, arch="injected", drafter=str(start),
+               verifier=str(verifier3), loss="streak", steps=3,
+               freeze_params=["embed_tokens", "lm_head"])
+    trainer = Trainer(cfg)
+    assert trainer.drafter.injection is not None
+    summary = trainer.run()
+    saved = BlockCausalDrafter.from_pretrained(summary["model"], cache_size=0)
+    assert saved.injection.target_layer_ids == trainer.drafter.injection.target_layer_ids
+    moved = [p.abs().sum() > 0 for p in saved.injection.inject.parameters()]
+    assert all(moved)  # the zero-initialised projections were trained

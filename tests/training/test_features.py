@@ -1,0 +1,67 @@
+"""Verifier taps (the off-by-one that silently ruins acceptance), the feature cache, packed data."""
+
+import torch
+from safetensors.torch import load_file
+
+from vllm_specdiff_training.data import load_sequences
+from vllm_specdiff_training.data_pack import main as data_pack
+from vllm_specdiff_training.features import TapModel, attach_features, features_dir
+from vllm_specdiff_training.generate import GenerateConfig, run_generate
+
+from .conftest import make_verifier
+
+
+def test_tap_l_is_the_output_of_layer_l_hidden_states_l_plus_one(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    path = make_verifier(tmp_path / "v", layers=4)
+    ids = torch.randint(3, 60, (1, 17), generator=torch.Generator().manual_seed(0))
+    tapped = TapModel(path, (0, 2))(ids)
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    with torch.no_grad():
+        hs = model(ids, output_hidden_states=True).hidden_states
+    torch.testing.assert_close(tapped, torch.cat([hs[1], hs[3]], dim=-1))
+    # negative control: Hugging Face's hidden_states[L] (one layer early) differs
+    assert not torch.allclose(tapped, torch.cat([hs[0], hs[2]], dim=-1))
+
+
+def _data(tmp_path, verifier, prompts_file):
+    out = tmp_path / "data"
+    run_generate(GenerateConfig(verifier=str(verifier), prompts=str(prompts_file),
+                                output=str(out), num_samples=1, temperature=0.0,
+                                max_new_tokens=12, chunk_size=8, batch_size=8,
+                                backend="transformers", chat_template=False))
+    return out
+
+
+def test_features_are_cached_per_shard_and_align_with_the_tokens(tmp_path, prompts_file):
+    verifier = make_verifier(tmp_path / "v", layers=3)
+    out = _data(tmp_path, verifier, prompts_file)
+    seqs = load_sequences(out)
+    attach_features(seqs, verifier, (1,))
+    assert seqs.features.shape == (seqs.tokens.shape[0], 32)
+    cached = sorted(features_dir(out, (1,)).glob("shard-*.safetensors"))
+    assert len(cached) == len(seqs.meta["_shards"]) == 3
+    first = load_file(str(cached[0]))["features"]
+    seq0 = seqs.sequence(0)
+    direct = TapModel(verifier, (1,))(seq0[None])[0]
+    torch.testing.assert_close(first[:seq0.numel()].float(), direct, rtol=2e-3, atol=2e-3)
+    # a subset keeps each sequence's own rows
+    sub = seqs.subset([2, 0])
+    torch.testing.assert_close(sub.features[:seqs.length(2)],
+                               seqs.features[seqs.seq_offsets[2]:seqs.seq_offsets[3]])
+
+
+def test_packed_data_unpacks_to_the_same_shards(tmp_path, prompts_file, capsys):
+    verifier = make_verifier(tmp_path / "v", layers=2)
+    out = _data(tmp_path, verifier, prompts_file)
+    assert data_pack(["pack", "--data", str(out), "--output", str(tmp_path / "packed")]) == 0
+    assert data_pack(["unpack", "--packed", str(tmp_path / "packed"),
+                      "--output", str(tmp_path / "again")]) == 0
+    a, b = load_sequences(out), load_sequences(tmp_path / "again" / "data")
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.seq_offsets, b.seq_offsets)
+    assert torch.equal(a.prompt_lens, b.prompt_lens)
+    assert torch.equal(a.prompt_index, b.prompt_index)
+    assert b.meta["tokenizer_fingerprint"] == a.meta["tokenizer_fingerprint"]
+    assert data_pack(["unpack", "--packed", str(tmp_path / "nothing"),
+                      "--output", str(tmp_path)]) == 2

@@ -1,0 +1,113 @@
+"""The verifier's tapped hidden states for a conditioned drafter, cached beside the data.
+
+A conditioned drafter is trained on teacher-forced verifier features: for every token of every
+data sequence, the outputs of the tapped verifier layers (DFlash's convention: tap L is the output
+of decoder layer L, the residual stream vLLM captures before layer L + 1, Hugging Face's
+`hidden_states[L + 1]`). Computing them is one verifier forward per sequence, so they are cached
+per data shard in `DATA_DIR/features-L<taps>/` (float16) and rebuilt when missing; the cache is
+derived data, never committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from .data import SequenceData, data_dirs
+
+log = logging.getLogger(__name__)
+
+
+def features_dir(data_dir: Path, taps: tuple[int, ...]) -> Path:
+    return Path(data_dir) / ("features-L" + "-".join(str(t) for t in taps))
+
+
+class TapModel:
+    """The verifier truncated after its deepest tap, with hooks that keep each tap's output."""
+
+    def __init__(self, verifier_dir: str | Path, taps: tuple[int, ...], device: str = "cpu"
+                 ) -> None:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(verifier_dir), dtype=torch.float32)
+        decoder = model.model
+        n = len(decoder.layers)
+        if max(taps) >= n:
+            raise ValueError(f"tap {max(taps)} is not a layer of the {n}-layer verifier")
+        decoder.layers = decoder.layers[:max(taps) + 1]
+        self.decoder = decoder.to(device).eval()
+        self.taps = taps
+        self.device = device
+        self._out: dict[int, torch.Tensor] = {}
+        for t in set(taps):
+            decoder.layers[t].register_forward_hook(self._keeper(t))
+
+    def _keeper(self, index: int):  # noqa: ANN202
+        def hook(_module: torch.nn.Module, _inputs: object, output: object) -> None:
+            self._out[index] = output[0] if isinstance(output, tuple) else output
+        return hook
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Tapped states [B,T,taps*H] (float32) of input_ids[B,T]."""
+        self._out.clear()
+        self.decoder(input_ids=input_ids.to(self.device), use_cache=False)
+        return torch.cat([self._out[t] for t in self.taps], dim=-1).float()
+
+
+def build_shard_features(tap: TapModel, shard: Path, out: Path) -> None:
+    """One verifier forward per sequence of a shard; written atomically (resumable)."""
+    data = load_file(str(shard))
+    tokens, offsets = data["tokens"].long(), data["seq_offsets"].long()
+    parts = []
+    for i in range(offsets.numel() - 1):
+        seq = tokens[offsets[i]:offsets[i + 1]]
+        parts.append(tap(seq[None])[0].to(torch.float16))
+    tmp = out.with_suffix(f".{os.getpid()}.tmp")  # two builders never share a temporary
+    save_file({"features": torch.cat(parts).contiguous()}, str(tmp))
+    tmp.replace(out)
+
+
+def ensure_features(shards: list[Path], verifier_dir: str | Path, taps: tuple[int, ...],
+                    device: str = "cpu") -> list[Path]:
+    """The feature shard of every data shard, computing the missing ones."""
+    # beside the shard's real file, so that a folder of links to shards shares their cache
+    paths = [features_dir(s.resolve().parent, taps) / s.resolve().name for s in shards]
+    todo = [(s, p) for s, p in zip(shards, paths, strict=True) if not p.is_file()]
+    if todo:
+        log.info("computing verifier features (taps %s) for %d shards", taps, len(todo))
+        tap = TapModel(verifier_dir, taps, device)
+        for shard, out in tqdm(todo, desc="verifier features", unit="shard"):
+            out.parent.mkdir(exist_ok=True)
+            build_shard_features(tap, shard, out)
+    return paths
+
+
+def build_features(data: str | Path, verifier_dir: str | Path, taps: tuple[int, ...],
+                   device: str = "cpu") -> int:
+    """Compute the missing feature shards of every data shard that exists now (a resumable
+    stage of its own, so training does not wait for it); returns the shards built."""
+    shards = [s for d in data_dirs(data) for s in sorted(d.glob("shard-*.safetensors"))]
+    before = sum((features_dir(s.resolve().parent, taps) / s.resolve().name).is_file()
+                 for s in shards)
+    ensure_features(shards, verifier_dir, taps, device)
+    return len(shards) - before
+
+
+def attach_features(seqs: SequenceData, verifier_dir: str | Path, taps: tuple[int, ...],
+                    device: str = "cpu") -> None:
+    """Set seqs.features [T, taps*H] (float16), aligned with seqs.tokens: the shards
+    `load_sequences` read, in its order."""
+    shards = [Path(p) for p in seqs.meta["_shards"]]
+    files = ensure_features(shards, verifier_dir, taps, device)
+    feats = torch.cat([load_file(str(p))["features"] for p in files])
+    if feats.shape[0] != seqs.tokens.shape[0]:
+        raise ValueError(f"verifier features cover {feats.shape[0]} tokens but the data holds "
+                         f"{seqs.tokens.shape[0]}: delete {files[0].parent} and rerun to "
+                         f"rebuild them")
+    seqs.features = feats

@@ -1,0 +1,362 @@
+"""A diffusion drafter conditioned on the verifier's hidden states (DFlash-style KV injection).
+
+A drafter that sees only token ids must re-derive, with a few layers, what the verifier has
+already computed. This one reads it: the verifier's hidden states after a few tapped layers
+(`target_layer_ids`, DFlash's convention: tap L is the output of decoder layer L, Hugging Face's
+`hidden_states[L + 1]`) are concatenated, projected by `fc` and normalised by `hidden_norm` into
+one context vector per position. Every drafter layer projects those vectors into keys and values
+(its own `k_proj`/`v_proj`, k-norm and RoPE at the context positions) placed in front of the
+block's own; queries come only from the block.
+
+The block is `[anchor, mask, ..., mask]` (`block_size` slots at positions p .. p+B-1): the anchor
+is the token the verifier just committed at position p, whose hidden state does not exist yet, so
+the block sees the context features strictly before p; slot k predicts the token at p + k.
+Attention is bidirectional inside the block, so one forward drafts the whole window and K drafts
+can be sampled from its marginals. The verifier's token embedding and LM head are shared and
+frozen; a learned mask embedding stands in for the mask token (SmolLM2 has no spare row).
+
+Layers are Qwen3-style (pre-norm, q/k RMSNorm, SwiGLU) with the tensor names of vLLM's native
+`dflash` checkpoints, so `specdiff-distill export --format dflash` only renames the directory's
+files; the computation here is the one vLLM's `qwen3_dflash` model runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .vocab import D2T_FILE, load_d2t, save_d2t
+
+MODEL_TYPE = "specdiff_conditioned"
+WEIGHTS_FILE = "model.safetensors"
+CONFIG_FILE = "config.json"
+# Tensors taken from the verifier at load time (never stored in the drafter directory).
+SHARED = ("embed_tokens.weight", "lm_head.weight")
+
+
+@dataclass(frozen=True)
+class ConditionedConfig:
+    """The drafter's shape; sizes default to the verifier's so its embedding and head fit."""
+
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int  # the verifier's vocabulary (embedding rows, head rows)
+    target_layer_ids: tuple[int, ...]  # verifier layers whose outputs are tapped
+    num_hidden_layers: int = 2
+    block_size: int = 9  # anchor + gamma masks
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 100000.0
+    max_position_embeddings: int = 8192
+    verifier_num_layers: int = 30
+    model_type: str = field(default=MODEL_TYPE)
+
+    def __post_init__(self) -> None:
+        if self.model_type != MODEL_TYPE:
+            raise ValueError(f"model_type must be {MODEL_TYPE!r}, got {self.model_type!r}")
+        if self.num_hidden_layers < 1:
+            raise ValueError(f"num_hidden_layers must be >= 1, got {self.num_hidden_layers}")
+        if self.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (anchor + masks), got {self.block_size}")
+        if not self.target_layer_ids:
+            raise ValueError("target_layer_ids must name at least one verifier layer")
+        bad = [t for t in self.target_layer_ids if not 0 <= t < self.verifier_num_layers - 1]
+        if bad:
+            raise ValueError(f"target_layer_ids {bad} must be layers 0..N-2 of the "
+                             f"{self.verifier_num_layers}-layer verifier (vLLM captures tap L "
+                             f"before layer L + 1)")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+
+    @property
+    def gamma(self) -> int:
+        """Draft tokens one forward proposes."""
+        return self.block_size - 1
+
+    @property
+    def feature_size(self) -> int:
+        return self.hidden_size * len(self.target_layer_ids)
+
+    @classmethod
+    def for_verifier(cls, verifier_config: dict, *, num_layers: int = 2, num_taps: int = 3,
+                     block_size: int = 9) -> ConditionedConfig:
+        """The verifier's sizes, `num_taps` taps spread from layer 1 to layer N-3 (DFlash)."""
+        n = int(verifier_config["num_hidden_layers"])
+        hidden = int(verifier_config["hidden_size"])
+        heads = int(verifier_config["num_attention_heads"])
+        rope = verifier_config.get("rope_parameters") or {}
+        theta = rope.get("rope_theta", verifier_config.get("rope_theta", 10000.0))
+        return cls(hidden_size=hidden, num_attention_heads=heads,
+                   num_key_value_heads=int(verifier_config.get("num_key_value_heads", heads)),
+                   head_dim=int(verifier_config.get("head_dim") or hidden // heads),
+                   intermediate_size=int(verifier_config["intermediate_size"]),
+                   vocab_size=int(verifier_config["vocab_size"]),
+                   target_layer_ids=spread_taps(n, num_taps), num_hidden_layers=num_layers,
+                   block_size=block_size, rms_norm_eps=float(verifier_config["rms_norm_eps"]),
+                   rope_theta=float(theta),
+                   max_position_embeddings=int(verifier_config["max_position_embeddings"]),
+                   verifier_num_layers=n)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ConditionedConfig:
+        known = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in d.items() if k in known}
+        values["target_layer_ids"] = tuple(values["target_layer_ids"])
+        return cls(**values)
+
+
+def spread_taps(num_layers: int, num_taps: int) -> tuple[int, ...]:
+    """Taps evenly spread from layer 1 to layer N-3, as DFlash places them (never past N-2:
+    vLLM captures tap L before layer L + 1, which must exist)."""
+    if num_taps < 1:
+        raise ValueError(f"num_taps must be >= 1, got {num_taps}")
+    last = max(num_layers - 3, 0)
+    first = min(1, last)
+    if num_taps == 1:
+        return (last,)
+    return tuple(round(first + i * (last - first) / (num_taps - 1)) for i in range(num_taps))
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat([-b, a], dim=-1)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Neox-style rotary embedding of x[..., T, D] at positions[..., T] (float32 angles)."""
+    dim = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, device=x.device, dtype=torch.float32) / dim))
+    angles = positions.to(torch.float32)[..., None] * inv
+    emb = torch.cat([angles, angles], dim=-1)
+    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+    return x * cos + _rotate_half(x) * sin
+
+
+class ConditionedAttention(nn.Module):
+    """Block queries over [context K/V from the features, the block's own K/V]."""
+
+    def __init__(self, cfg: ConditionedConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(h, cfg.num_attention_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_attention_heads * d, h, bias=False)
+        self.q_norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(d, eps=cfg.rms_norm_eps)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return x.view(*x.shape[:-1], n, self.cfg.head_dim).transpose(-3, -2)
+
+    def keys_values(self, x: torch.Tensor, positions: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """K [B,kv,T,D] (k-norm, RoPE) and V [B,kv,T,D] of inputs x[B,T,H]."""
+        n = self.cfg.num_key_value_heads
+        k = self.k_norm(self._heads(self.k_proj(x), n))
+        k = rope(k, positions[:, None, :], self.cfg.rope_theta)
+        return k, self._heads(self.v_proj(x), n)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_k: torch.Tensor,
+                ctx_v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """x[B,Q,H] at positions[B,Q]; allowed[B,Q,C+Q]: query may see that context/block key."""
+        q = self.q_norm(self._heads(self.q_proj(x), self.cfg.num_attention_heads))
+        q = rope(q, positions[:, None, :], self.cfg.rope_theta)
+        k, v = self.keys_values(x, positions)
+        k = torch.cat([ctx_k, k], dim=2)
+        v = torch.cat([ctx_v, v], dim=2)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed[:, None],
+                                             enable_gqa=True)
+        return self.o_proj(out.transpose(1, 2).reshape(*x.shape[:-1], -1))
+
+
+class ConditionedLayer(nn.Module):
+    """Pre-norm decoder layer: attention with injected context K/V, then SwiGLU."""
+
+    def __init__(self, cfg: ConditionedConfig) -> None:
+        super().__init__()
+        h = cfg.hidden_size
+        self.input_layernorm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.self_attn = ConditionedAttention(cfg)
+        self.post_attention_layernorm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.mlp = nn.ModuleDict({
+            "gate_proj": nn.Linear(h, cfg.intermediate_size, bias=False),
+            "up_proj": nn.Linear(h, cfg.intermediate_size, bias=False),
+            "down_proj": nn.Linear(cfg.intermediate_size, h, bias=False)})
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, ctx_k: torch.Tensor,
+                ctx_v: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), positions, ctx_k, ctx_v, allowed)
+        h = self.post_attention_layernorm(x)
+        m = self.mlp
+        return x + m["down_proj"](F.silu(m["gate_proj"](h)) * m["up_proj"](h))
+
+
+class ConditionedDrafter(nn.Module):
+    """fc + hidden_norm (context), N conditioned layers over the block, norm, shared head."""
+
+    def __init__(self, cfg: ConditionedConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, h)
+        self.mask_embedding = nn.Parameter(torch.zeros(h))
+        self.fc = nn.Linear(cfg.feature_size, h, bias=False)
+        self.hidden_norm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(ConditionedLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False)
+        self.register_buffer("draft_to_verifier", None)
+        for p in (self.embed_tokens.weight, self.lm_head.weight):
+            p.requires_grad_(False)
+
+    # ---- pieces shared by training and serving --------------------------------------------------
+    def context(self, features: torch.Tensor) -> torch.Tensor:
+        """Fused, normalised context vectors [B,T,H] from tapped features [B,T,taps*H]."""
+        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+
+    def context_kv(self, context: torch.Tensor, positions: torch.Tensor
+                   ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's K/V of the context vectors: what serving caches per committed token."""
+        return [layer.self_attn.keys_values(context, positions) for layer in self.layers]
+
+    def block_hidden(self, anchors: torch.Tensor, anchor_pos: torch.Tensor,
+                     ctx_kv: list[tuple[torch.Tensor, torch.Tensor]], ctx_allowed: torch.Tensor
+                     ) -> torch.Tensor:
+        """Final-normed hidden states [B,M,Bk,H] of M blocks per row.
+
+        anchors[B,M], anchor_pos[B,M]: each block's anchor token and its position;
+        ctx_allowed[B,M,C]: which of the C cached context keys each block may see.
+        """
+        b, m = anchors.shape
+        bk = self.cfg.block_size
+        emb = self.embed_tokens(anchors)[:, :, None, :]
+        masks = self.mask_embedding.to(emb.dtype).expand(b, m, bk - 1, -1)
+        x = torch.cat([emb, masks], dim=2).reshape(b, m * bk, -1)
+        slot = torch.arange(bk, device=anchors.device)
+        positions = (anchor_pos[:, :, None] + slot).reshape(b, m * bk)
+        block_id = torch.arange(m, device=anchors.device).repeat_interleave(bk)
+        own = (block_id[:, None] == block_id[None, :]).expand(b, -1, -1)
+        sees_ctx = ctx_allowed.repeat_interleave(bk, dim=1)
+        allowed = torch.cat([sees_ctx, own], dim=2)
+        for layer, (k, v) in zip(self.layers, ctx_kv, strict=True):
+            x = layer(x, positions, k, v, allowed)
+        return self.norm(x).reshape(b, m, bk, -1)
+
+    # ---- training -------------------------------------------------------------------------------
+    def window_logits(self, input_ids: torch.Tensor, starts: torch.Tensor,
+                      gamma: int | None = None, features: torch.Tensor | None = None
+                      ) -> torch.Tensor:
+        """Differentiable logits [B,M,G,V] of windows starting at starts[B,M] (first draft
+        position s; the anchor is the token at s-1, the context features those before s-1).
+
+        features[B,L,taps*H] are the verifier's tapped states of input_ids[B,L] (teacher forced).
+        """
+        if features is None:
+            raise ValueError("a conditioned drafter needs the verifier's features")
+        gamma = self.cfg.gamma if gamma is None else gamma
+        if gamma > self.cfg.gamma:
+            raise ValueError(f"gamma {gamma} exceeds this drafter's block ({self.cfg.gamma})")
+        device = self.fc.weight.device
+        starts = starts.to(device)
+        input_ids = input_ids.to(device)
+        if bool((starts < 1).any()):
+            raise ValueError("window starts must be >= 1 (the anchor is the token before)")
+        length = int(starts.max()) - 1  # context positions any block can see
+        ctx = self.context(features[:, :length].to(device))
+        pos = torch.arange(length, device=device).expand(ctx.shape[0], -1)
+        anchor_pos = starts - 1
+        anchors = input_ids.gather(1, anchor_pos)
+        ctx_allowed = pos[:, None, :] < anchor_pos[:, :, None]
+        hidden = self.block_hidden(anchors, anchor_pos, self.context_kv(ctx, pos), ctx_allowed)
+        return self.lm_head(hidden[:, :, 1:gamma + 1])
+
+    # ---- construction and files -----------------------------------------------------------------
+    @classmethod
+    def from_verifier(cls, verifier_dir: str | Path, cfg: ConditionedConfig, seed: int = 0,
+                      draft_to_verifier: torch.Tensor | None = None) -> ConditionedDrafter:
+        """Random layers (scaled like the verifier's init), the verifier's embedding and head."""
+        torch.manual_seed(seed)
+        model = cls(cfg)
+        for name, p in model.named_parameters():
+            if p.dim() == 2 and name not in SHARED:
+                nn.init.normal_(p, std=0.02 / (1 if "o_proj" not in name and "down_proj"
+                                               not in name else math.sqrt(2 * len(model.layers))))
+        model.load_shared(verifier_dir, draft_to_verifier)
+        with torch.no_grad():
+            model.mask_embedding.copy_(model.embed_tokens.weight.mean(0))
+        return model
+
+    # attributes the trainer reads from every drafter
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
+    def max_positions(self) -> int:
+        return self.cfg.max_position_embeddings
+
+    def load_shared(self, verifier_dir: str | Path,
+                    draft_to_verifier: torch.Tensor | None = None) -> None:
+        """Copy the verifier's embedding and LM head (tied in SmolLM2) into the frozen slots;
+        with a reduced-vocabulary table, keep only those head rows."""
+        state = _verifier_tensors(verifier_dir)
+        head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
+        if draft_to_verifier is not None:
+            d2t = draft_to_verifier.long()
+            head = head[d2t]
+            self.lm_head = nn.Linear(self.cfg.hidden_size, d2t.numel(), bias=False)
+            self.lm_head.weight.requires_grad_(False)
+            self.draft_to_verifier = d2t
+        with torch.no_grad():
+            self.embed_tokens.weight.copy_(state["model.embed_tokens.weight"])
+            self.lm_head.weight.copy_(head)
+
+    def trained_state(self) -> dict[str, torch.Tensor]:
+        """Everything but the shared tensors: what a drafter directory stores."""
+        return {k: v.detach().contiguous() for k, v in self.state_dict().items()
+                if k not in SHARED and k != "draft_to_verifier"}
+
+    def save_pretrained(self, path: str | Path, dtype: torch.dtype = torch.float32) -> None:
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.to(dtype) for k, v in self.trained_state().items()},
+                  str(out / WEIGHTS_FILE))
+        if self.draft_to_verifier is not None:
+            save_d2t(out, self.draft_to_verifier)
+        (out / CONFIG_FILE).write_text(json.dumps(asdict(self.cfg), indent=2) + "\n")
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, verifier_dir: str | Path
+                        ) -> ConditionedDrafter:
+        cfg = ConditionedConfig.from_dict(json.loads((Path(path) / CONFIG_FILE).read_text()))
+        model = cls(cfg)
+        d2t = load_d2t(path) if (Path(path) / D2T_FILE).is_file() else None
+        state = load_file(str(Path(path) / WEIGHTS_FILE))
+        missing, unexpected = model.load_state_dict(
+            {k: v.float() for k, v in state.items()}, strict=False)
+        missing = [k for k in missing if k not in SHARED]
+        if missing or unexpected:
+            raise ValueError(f"{path}: not a {MODEL_TYPE} drafter of this shape (missing "
+                             f"{missing[:4]}, unexpected {unexpected[:4]})")
+        model.load_shared(verifier_dir, d2t)
+        return model
+
+
+def _verifier_tensors(verifier_dir: str | Path) -> dict[str, torch.Tensor]:
+    files = sorted(Path(verifier_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors weights in verifier directory {verifier_dir}")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    return state
