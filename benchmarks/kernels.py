@@ -39,9 +39,9 @@ import torch
 from vllm_specdiff.core.backends import ENV_VAR, select_backend
 from vllm_specdiff.core.scoring import STREAK_KERNEL, draft_logprob_streak_torch
 from vllm_specdiff.core.tree import TokenTree, build_token_tree
+from vllm_specdiff.core.trie import build_request_trie
 from vllm_specdiff.plugin.tree_attention import TreeBatchContext, TreeRequest
 from vllm_specdiff.plugin.tree_attention_cuda import CudaTreeMaskForward, PagedKVLayout
-from vllm_specdiff.plugin.trie import build_request_trie
 from vllm_specdiff.provenance import provenance
 from vllm_specdiff_benchmarks import emit_report, invocation
 from vllm_specdiff_kernels.dispatch import TREE_ATTENTION_KERNEL

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from vllm_specdiff.core.candidates import lookup_continuation
 from vllm_specdiff.core.datastore import Datastore
-from vllm_specdiff.plugin.candidates import lookup_continuation
 from vllm_specdiff.provenance import provenance
 from vllm_specdiff_benchmarks import emit_report
 

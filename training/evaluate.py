@@ -30,9 +30,19 @@ from vllm_specdiff.core import DEFAULT_GAMMA
 from vllm_specdiff.core.metrics import SpecDecodeStats
 from vllm_specdiff.core.sampling import draft_marginals, sample_drafts, target_probs
 from vllm_specdiff.core.scoring import expected_streak
+from vllm_specdiff.drafter.checkpoint import read_config
+from vllm_specdiff.drafter.conditioned import MODEL_TYPE as CONDITIONED_TYPE
+from vllm_specdiff.drafter.conditioned import ConditionedDrafter
 from vllm_specdiff.provenance import provenance
 
-from .data import check_fingerprint, load_sequences, split_heldout, tokenizer_fingerprint
+from .data import (
+    SequenceData,
+    check_fingerprint,
+    load_sequences,
+    split_heldout,
+    tokenizer_fingerprint,
+)
+from .features import attach_features, feature_taps
 from .losses import Targets, expected_streak_of, greedy_accepted_of, hard_log_accept
 from .model import drafter_from_checkpoint
 from .windows import VocabMap, eval_windows, make_batch
@@ -139,7 +149,8 @@ class Evaluator:
         data = load_sequences(Path(cfg.data))
         tok = AutoTokenizer.from_pretrained(cfg.verifier)
         check_fingerprint(data.meta, tokenizer_fingerprint(tok), f"--verifier {cfg.verifier}")
-        self.data = data if cfg.split == "all" else split_heldout(data, cfg.heldout_fraction)[1]
+        self.full = data  # verifier features are attached to it (in shard order) when needed
+        self.data = self._split(data)
         self.windows = eval_windows(self.data, cfg.gamma, cfg.windows_per_seq, cfg.max_windows,
                                     seed=cfg.seed)
         self.verifier = None
@@ -147,6 +158,10 @@ class Evaluator:
             self.verifier = AutoModelForCausalLM.from_pretrained(cfg.verifier,
                                                                  dtype=torch.float32).eval()
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+
+    def _split(self, data: SequenceData) -> SequenceData:
+        cfg = self.cfg
+        return data if cfg.split == "all" else split_heldout(data, cfg.heldout_fraction)[1]
 
     def _verifier_logits(self, ids: torch.Tensor, mask: torch.Tensor, starts: list[int],
                          rows_per_window: int) -> torch.Tensor:
@@ -164,8 +179,15 @@ class Evaluator:
         cfg = self.cfg
         if cand.checkpoint:
             drafter = drafter_from_checkpoint(Path(cand.drafter))
+        elif read_config(cand.drafter).get("model_type") == CONDITIONED_TYPE:
+            drafter = ConditionedDrafter.from_pretrained(cand.drafter, cfg.verifier).eval()
         else:
             drafter = load_drafter(cand.drafter, lora=cand.lora, cache_size=0)
+        taps = feature_taps(drafter)
+        if taps and self.full.meta.get("_taps") != taps:  # teacher-forced verifier features
+            attach_features(self.full, cfg.verifier, taps)
+            self.full.meta["_taps"] = taps
+            self.data = self._split(self.full)
         vocab = VocabMap(drafter.vocab_size, drafter.draft_to_verifier)
         on_data = _DataScores(cfg.gamma, max(cfg.drafter_temperature, 1e-6))
         on_verifier = _VerifierScores(cfg) if self.verifier is not None else None
@@ -174,7 +196,9 @@ class Evaluator:
             part = self.windows[lo:lo + cfg.batch_size]
             batch = make_batch(self.data, [i for i, _ in part], [s for _, s in part], cfg.gamma)
             with torch.inference_mode():
-                raw = drafter.window_logits(batch.input_ids, batch.starts, cfg.gamma)
+                raw = drafter.window_logits(batch.input_ids, batch.starts, cfg.gamma) \
+                    if not taps else drafter.window_logits(batch.input_ids, batch.starts,
+                                                           cfg.gamma, batch.features)
             raw = raw[batch.valid].float()
             on_data.add(raw, batch.targets(vocab))
             if on_verifier is not None:

@@ -95,6 +95,8 @@ def learning_curve(run_dir: Path, up_to_step: int, earlier: list[dict] | None = 
         rec = json.loads(line)
         if rec["step"] > up_to_step:
             break
+        if rec["step"] == 0 and earlier:  # a later stage's start is the earlier curve's end
+            continue
         tokens += rec.get("tokens", 0)
         wall += rec.get("seconds", 0.0)
         cpu += rec.get("cpu_seconds", 0.0)

@@ -467,8 +467,14 @@ class Trainer:
             log.info("resumed from %s", latest)
             if acc.is_main_process:
                 _truncate_log(self.out / LOG_FILE, self.step)
-        elif acc.is_main_process:
-            (self.out / LOG_FILE).unlink(missing_ok=True)
+        else:
+            start = self.heldout_measures() if cfg.eval_every else {}
+            if acc.is_main_process:  # the curve starts where the drafter starts
+                (self.out / LOG_FILE).unlink(missing_ok=True)
+                if start:
+                    with (self.out / LOG_FILE).open("a") as f:
+                        f.write(json.dumps({"step": 0, "tokens": 0, "seconds": 0.0,
+                                            "cpu_seconds": 0.0, "loss": None, **start}) + "\n")
         if acc.is_main_process:
             write_json(self.out / "train_config.json", asdict(cfg))
         bar = tqdm(total=cfg.steps, initial=self.step, desc=f"train ({cfg.loss})", unit="step",

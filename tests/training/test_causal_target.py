@@ -97,13 +97,14 @@ def test_ar_training_lowers_the_loss_and_exports_a_transformers_model(tmp_path, 
     run = tmp_path / "ar"
     summary = run_train(_ar_cfg(greedy_data, run, tied_verifier))
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
-    losses = [r["loss"] for r in log]
+    assert log[0]["step"] == 0 and log[0]["loss"] is None  # the untrained drafter's measure
+    losses = [r["loss"] for r in log[1:]]
     assert sum(losses[-3:]) / 3 < 0.95 * sum(losses[:3]) / 3, losses
     assert summary["objective"] == "ar" and summary["heldout_greedy_accepted_length"] is not None
     measured = [r for r in log if "heldout_expected_streak" in r]
-    assert [r["step"] for r in measured] == [6, 12]
+    assert [r["step"] for r in measured] == [0, 6, 12]
     assert all(0 <= r["heldout_greedy_accepted_length"] <= GAMMA for r in measured)
-    assert all(r["tokens"] > 0 and r["cpu_seconds"] > 0 for r in log)
+    assert all(r["tokens"] > 0 and r["cpu_seconds"] > 0 for r in log[1:])
 
     out = tmp_path / "export"
     result = main(["export", "--run", str(run), "--verifier", str(tied_verifier),

@@ -44,6 +44,18 @@ def test_conditioned_run_learns_resumes_and_rebuilds_from_its_checkpoint(tmp_pat
     assert summary["heldout_expected_streak"] > 2.5 * first
     assert summary["trainable_parameters"] < sum(p.numel() for p in long.drafter.parameters())
 
+    # eval scores the saved directory and the run's checkpoint alike, with the verifier pass
+    from vllm_specdiff_training.evaluate import EvalConfig, run_eval
+
+    report = run_eval(EvalConfig(
+        data=str(greedy_data), verifier=str(verifier3), gamma=GAMMA, max_windows=24,
+        candidates=[f"dir={summary['model']}", f"run={tmp_path / 'long'}"],
+        output=str(tmp_path / "eval.json"), heldout_fraction=0.25))["results"]
+    assert report["dir"]["expected_accepted_length"] == pytest.approx(
+        report["run"]["expected_accepted_length"], rel=1e-5)
+    assert report["dir"]["greedy_accepted_length"] > 0
+    assert len(report["dir"]["per_position_acceptance_greedy"]) == GAMMA
+
     # stopped at step 3 and resumed: the same weights as a run that never stopped
     Trainer(_cfg(greedy_data, tmp_path / "r", verifier3, steps=3)).run()
     resumed = Trainer(_cfg(greedy_data, tmp_path / "r", verifier3))

@@ -90,6 +90,9 @@ def test_quick_suite_writes_json_table_and_plots(tmp_path, word_prompts, tiny_ve
     (["--methods", "specdiff2:K=0"], "'K'] must be an integer >= 1"),
     (["--methods", "ngram:prompt_lookup_min=5"], "1 <= min <= max"),
     (["--methods", "plain,draft-model"], "needs --draft-model PATH"),
+    (["--methods", "plain,dflash"], "needs --dflash-model PATH"),
+    (["--methods", "plain,dflash", "--dflash-model", "/nonexistent"], "needs --dflash-model PATH"),
+    (["--methods", "dflash:drafter_temperature=1"], "method 'dflash' takes no option(s)"),
     (["--methods", "specdiff2,specdiff2"], "given more than once"),
     (["--methods", "ngram,ngram:gamma=4"], "one ngram method per run"),
     (["--batch-size", "1", "4", "--max-num-seqs", "2"], "below the largest --batch-size 4"),
@@ -125,6 +128,9 @@ def test_method_specs_become_engine_arguments():
     assert base.kind == "specdiff_base" and base.options["candidates"] == ["argmax", "sample"]
     default = engine_args(parse_methods("specdiff2", 8)[1], Drafters())
     assert "candidates" not in default["additional_config"]["specdiff"]  # the plugin default
+    dflash = engine_args(parse_methods("dflash:gamma=7", 8)[1], Drafters(dflash="/ckpt"))
+    assert dflash == {"speculative_config": {"method": "dflash", "model": "/ckpt",
+                                             "num_speculative_tokens": 7}}
     assert parse_value("argmax+sample") == ["argmax", "sample"]
     assert [parse_value(v) for v in ("false", "null", "3", "0.5", "none")] == \
         [False, None, 3, 0.5, "none"]

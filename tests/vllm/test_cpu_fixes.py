@@ -10,8 +10,8 @@ import logging
 import pytest
 import torch
 
-from vllm_specdiff.plugin import cpu_fixes
-from vllm_specdiff.plugin.cpu_fixes import (
+from vllm_specdiff.plugin.patches import cpu_fixes
+from vllm_specdiff.plugin.patches.cpu_fixes import (
     KERNEL,
     KERNEL_PARAMS,
     expand_any_dtype,

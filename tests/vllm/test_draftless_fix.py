@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.vllm.tiny_models import speculative_args, word_prompt
-from vllm_specdiff.plugin.draftless_fix import (
+from vllm_specdiff.plugin.patches.draftless_fix import (
     fix_draftless_steps,
     plain_when_draftless,
     restore_vllm_sample,

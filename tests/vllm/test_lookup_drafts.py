@@ -12,7 +12,7 @@ import pytest
 
 from tests.vllm.test_options import _proposer
 from tests.vllm.tiny_models import speculative_args, word, word_prompt
-from vllm_specdiff.plugin.candidates import lookup_continuation
+from vllm_specdiff.core.candidates import lookup_continuation
 
 
 def test_lookup_continuation_stops_at_gamma_and_at_the_context_end():
@@ -27,7 +27,7 @@ def test_lookup_continuation_stops_at_gamma_and_at_the_context_end():
 def _lookup_by_definition(context: list[int], gamma: int) -> list[int] | None:
     """The longest suffix of NGRAM_MIN..NGRAM_MAX tokens that occurs earlier (ending before the
     last token), at its earliest start: what followed it, written as plainly as possible."""
-    from vllm_specdiff.plugin.candidates import NGRAM_MAX, NGRAM_MIN
+    from vllm_specdiff.core.candidates import NGRAM_MAX, NGRAM_MIN
 
     for n in range(min(NGRAM_MAX, len(context) - 1), NGRAM_MIN - 1, -1):
         for start in range(len(context) - n):
@@ -50,7 +50,7 @@ def test_lookup_continuation_agrees_with_its_definition_on_random_contexts():
 def test_lookup_of_a_batch_agrees_with_each_row_alone():
     """Rows of different lengths searched together (one padded matrix) find what each finds
     alone: padding never matches, nor does a short row's missing suffix."""
-    from vllm_specdiff.plugin.candidates import lookup_continuations
+    from vllm_specdiff.core.candidates import lookup_continuations
 
     rng = np.random.default_rng(1)
     matched = 0

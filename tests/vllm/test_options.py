@@ -132,7 +132,7 @@ def test_speed_env_respects_user_settings(monkeypatch):
 def test_cpu_expand_kernel_fix_fills_float_outputs():
     import torch
 
-    from vllm_specdiff.plugin.cpu_fixes import expand_any_dtype, fix_cpu_expand_kernel
+    from vllm_specdiff.plugin.patches.cpu_fixes import expand_any_dtype, fix_cpu_expand_kernel
 
     out = torch.full((6,), -1.0)
     expand_any_dtype(out, torch.tensor([0.5, 0.0, 2.0]), torch.tensor([2, 5, 6]), 0, 1)
@@ -164,7 +164,11 @@ def test_cpu_fix_survives_a_later_engine(tiny_verifier):
     from vllm import LLM
     from vllm.triton_utils import dispatcher
 
-    from vllm_specdiff.plugin.cpu_fixes import KERNEL, expand_any_dtype, fix_cpu_expand_kernel
+    from vllm_specdiff.plugin.patches.cpu_fixes import (
+        KERNEL,
+        expand_any_dtype,
+        fix_cpu_expand_kernel,
+    )
 
     fix_cpu_expand_kernel()
     LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=2**20,

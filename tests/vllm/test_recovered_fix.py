@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from vllm_specdiff.plugin.recovered_fix import (
+from vllm_specdiff.plugin.patches.recovered_fix import (
     fast_recovered_tokens,
     fix_recovered_tokens,
     needed_positions,
@@ -97,7 +97,7 @@ def test_a_row_of_padded_drafts_still_emits_a_token(monkeypatch, sampler):
     position's recovered token. Every position from a padded id on is sampled; the negative
     control (placeholders there, as if the kernel stopped at the first padded id) emits no
     token at all, which left such a request in the engine never scheduled again."""
-    import vllm_specdiff.plugin.recovered_fix as fix
+    import vllm_specdiff.plugin.patches.recovered_fix as fix
 
     _install(monkeypatch, sampler)
     probs = torch.full((4, VOCAB), 1.0 / (VOCAB - 1))

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.vllm.tiny_models import speculative_args, word, word_prompt
-from vllm_specdiff.plugin.cpu_fixes import KERNEL, expand_any_dtype
+from vllm_specdiff.plugin.patches.cpu_fixes import KERNEL, expand_any_dtype
 
 pytestmark = pytest.mark.vllm
 

@@ -10,7 +10,7 @@ import logging
 import pytest
 import torch
 
-from vllm_specdiff.plugin.topk_fix import empty_safe, fails_on_empty, fix_cpu_top_k_only
+from vllm_specdiff.plugin.patches.topk_fix import empty_safe, fails_on_empty, fix_cpu_top_k_only
 
 pytestmark = pytest.mark.vllm
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vllm_specdiff.plugin.trie import build_request_trie
+from vllm_specdiff.core.trie import build_request_trie
 
 pytestmark = pytest.mark.vllm
 
@@ -134,7 +134,7 @@ def test_k_above_one_without_the_tree_worker_fails_at_load(tiny_verifier, tiny_d
 def test_ngram_candidate_continues_the_earlier_match():
     import numpy as np
 
-    from vllm_specdiff.plugin.candidates import ngram_draft
+    from vllm_specdiff.core.candidates import ngram_draft
 
     fill = torch.tensor([9, 9, 9])
     context = np.array([1, 2, 3, 4, 5, 1, 2, 3])
@@ -152,7 +152,7 @@ def test_ngram_candidate_matches_vllms_own_prompt_lookup():
     code = """
 import numpy as np, torch
 from vllm.v1.spec_decode.ngram_proposer import _find_longest_matched_ngram_and_propose_tokens
-from vllm_specdiff.plugin.candidates import NGRAM_MAX, NGRAM_MIN, ngram_draft
+from vllm_specdiff.core.candidates import NGRAM_MAX, NGRAM_MIN, ngram_draft
 rng = np.random.default_rng(0)
 found = 0
 for trial in range(300):

@@ -41,7 +41,7 @@ def _walk_args(drafter, gamma: int, k: int) -> dict:
 
 # ---- pieces (no engine) ---------------------------------------------------------------------
 def _trie():
-    from vllm_specdiff.plugin.trie import build_request_trie
+    from vllm_specdiff.core.trie import build_request_trie
 
     # root -> 5 -> 6 -> 7 (candidate 0), 5 -> 8 -> 9 (candidate 1), 4 -> 6 -> 7 (candidate 2)
     return build_request_trie(1, torch.tensor([[5, 6, 7], [5, 8, 9], [4, 6, 7]]), 16)

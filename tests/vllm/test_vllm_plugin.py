@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
-from vllm_specdiff.plugin.draftless_fix import fix_draftless_steps
-from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens
-from vllm_specdiff.plugin.topk_fix import fix_cpu_top_k_only
+from vllm_specdiff.plugin.patches.cpu_fixes import fix_cpu_expand_kernel
+from vllm_specdiff.plugin.patches.draftless_fix import fix_draftless_steps
+from vllm_specdiff.plugin.patches.recovered_fix import fix_recovered_tokens
+from vllm_specdiff.plugin.patches.topk_fix import fix_cpu_top_k_only
 from vllm_specdiff.plugin.vllm_plugin import install_vllm_fixes, register
 
 pytestmark = pytest.mark.vllm

@@ -27,6 +27,9 @@ METHODS: dict[str, tuple[str, dict[str, Any]]] = {
     PLAIN: ("plain", {}),
     "ngram": ("ngram", NGRAM_DEFAULTS),
     "draft-model": ("draft_model", {}),
+    # vLLM's own DFlash method serving the conditioned drafter's export
+    # (`specdiff-distill export --format dflash`): the peer the plugin must beat
+    "dflash": ("dflash", {}),
     "specdiff-base": ("specdiff_base", DRAFTER_ONLY),  # the paper's SpecDiff: no lookup
     # the defaults, K = 1: prompt lookup's continuation where the context repeats, the
     # drafter's draft elsewhere
@@ -86,6 +89,7 @@ def _check_keys(name: str, kind: str, options: dict[str, Any]) -> None:
     from vllm_specdiff.plugin.config import ALIASES, OPTIONS
 
     allowed = {"plain": set(), "ngram": {"gamma", *NGRAM_DEFAULTS}, "draft_model": {"gamma"},
+               "dflash": {"gamma"},
                "specdiff_base": {"gamma", *OPTIONS, *ALIASES} - {"drafter"},
                "specdiff": {"gamma", *OPTIONS, *ALIASES}}[kind]
     unknown = sorted(set(options) - allowed)
@@ -167,6 +171,7 @@ class Drafters:
     specdiff: str | None = None  # --drafter (None: the default drafter)
     base: str | None = None  # --base-drafter (None: the default verifier's untrained drafter)
     draft_model: str | None = None  # --draft-model (required by draft-model)
+    dflash: str | None = None  # --dflash-model (required by dflash)
 
 
 def engine_args(method: Method, drafters: Drafters) -> dict[str, Any]:
@@ -182,6 +187,9 @@ def engine_args(method: Method, drafters: Drafters) -> dict[str, Any]:
             raise ValueError("method 'draft-model' needs --draft-model PATH (a Hugging Face "
                              "causal-LM directory with the verifier's tokenizer)")
         return {"speculative_config": {"method": "draft_model", "model": drafters.draft_model,
+                                       "num_speculative_tokens": method.gamma}}
+    if method.kind == "dflash":  # the runner checked that --dflash-model is given
+        return {"speculative_config": {"method": "dflash", "model": drafters.dflash,
                                        "num_speculative_tokens": method.gamma}}
     from vllm_specdiff.plugin.engine import specdiff_engine_args
 

@@ -97,7 +97,12 @@ def resolve_drafters(args: argparse.Namespace, methods: list[Method]) -> Drafter
     if args.draft_model and not (Path(args.draft_model) / "config.json").is_file():
         raise ValueError(f"--draft-model {args.draft_model!r} is not a model directory "
                          "(no config.json)")
-    return Drafters(specdiff=args.drafter, base=base, draft_model=args.draft_model)
+    if "dflash" in kinds and not (args.dflash_model
+                                  and (Path(args.dflash_model) / "config.json").is_file()):
+        raise ValueError("method 'dflash' needs --dflash-model PATH: a checkpoint written by "
+                         "`specdiff-distill export --format dflash`")
+    return Drafters(specdiff=args.drafter, base=base, draft_model=args.draft_model,
+                    dflash=args.dflash_model)
 
 
 def build_engines(args: argparse.Namespace, model: str, methods: list[Method],
@@ -105,14 +110,14 @@ def build_engines(args: argparse.Namespace, model: str, methods: list[Method],
                   ) -> tuple[dict[str, Any], dict[str, float]]:
     """One in-process engine per method (explicit KV cache, as common.build_llm), vLLM's ngram
     engines last: vLLM's ngram proposer imports numba, which breaks kernel registration for
-    engines built after it in the same process (see plugin/candidates.py)."""
+    engines built after it in the same process (see core/candidates.py)."""
     import os
 
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from vllm import LLM
 
     from vllm_specdiff.bench.suite import Engine
-    from vllm_specdiff.commands.common import engine_kwargs
+    from vllm_specdiff.engine_options import engine_kwargs
 
     engines: dict[str, Any] = {}
     startup: dict[str, float] = {}
@@ -134,7 +139,7 @@ def run_bench(args: argparse.Namespace) -> int:
     """The whole command; exit status 1 if a greedy output differed from plain decoding."""
     from vllm_specdiff.bench.suite import identity_failures, run_suite, warm_up
     from vllm_specdiff.bench.table import markdown
-    from vllm_specdiff.commands.common import resolve_model
+    from vllm_specdiff.engine_options import resolve_model
     from vllm_specdiff.prompts import render_chat
     from vllm_specdiff.provenance import provenance
 

@@ -1,6 +1,7 @@
 """`vllm-specdiff bench`: the benchmark suite, every method on one verifier in one process.
 
-Compares plain vLLM decoding with vLLM's prompt lookup (`ngram`), vLLM's `draft_model` and the
+Compares plain vLLM decoding with vLLM's prompt lookup (`ngram`), vLLM's `draft_model`, vLLM's
+`dflash` (serving an exported conditioned drafter) and the
 SpecDiff methods on the same prompts (through the chat template), temperatures and batch sizes,
 medians of repeats, and writes JSON (every figure, the machine and the command), a Markdown
 table and PNG plots. At temperature 0 every method's outputs must equal plain decoding's: a
@@ -158,6 +159,9 @@ def add_suite_args(p: argparse.ArgumentParser) -> None:
     d.add_argument("--draft-model", default=None,
                    help="autoregressive drafter of draft-model (a Hugging Face causal-LM "
                         "directory with the verifier's tokenizer)")
+    d.add_argument("--dflash-model", default=None,
+                   help="drafter of dflash, vLLM's own DFlash method (a conditioned drafter "
+                        "exported by `specdiff-distill export --format dflash`)")
     add_engine_args(p)
     p.set_defaults(max_num_seqs=None)  # the suite's default: the largest --batch-size
 

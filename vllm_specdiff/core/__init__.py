@@ -2,7 +2,9 @@
 
 Shared by the vLLM plugin, the reference decoder, training and benchmarks; nothing here imports
 vLLM or transformers. Data flows one way: drafter marginals -> drafts -> token tree -> verifier
-logits at the tree nodes -> scores (tau) -> acceptance -> committed tokens.
+logits at the tree nodes -> scores (tau) -> acceptance -> committed tokens. The proposer's
+per-request drafting pieces sit here too: candidate drafts and prompt lookup (`candidates`), the
+datastore's retrieved drafts (`datastore`) and a request's chain-first trie (`trie`).
 """
 
 from vllm_specdiff.core.acceptance import (

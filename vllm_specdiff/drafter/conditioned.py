@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .base import Drafter
 from .vocab import D2T_FILE, load_d2t, save_d2t
 
 MODEL_TYPE = "specdiff_conditioned"
@@ -201,8 +202,11 @@ class ConditionedLayer(nn.Module):
         return x + m["down_proj"](F.silu(m["gate_proj"](h)) * m["up_proj"](h))
 
 
-class ConditionedDrafter(nn.Module):
+class ConditionedDrafter(Drafter):
     """fc + hidden_norm (context), N conditioned layers over the block, norm, shared head."""
+
+    shifted = False  # slot k of the block predicts the token k after the anchor
+    mask_token_id = -1  # a learned mask embedding, no input id
 
     def __init__(self, cfg: ConditionedConfig) -> None:
         super().__init__()
@@ -300,6 +304,10 @@ class ConditionedDrafter(nn.Module):
     @property
     def vocab_size(self) -> int:
         return self.cfg.vocab_size
+
+    @property
+    def draft_vocab_size(self) -> int:
+        return self.lm_head.out_features
 
     @property
     def max_positions(self) -> int:

@@ -11,6 +11,8 @@ from p with x removed, which is the paper's lossless rule (ALGORITHM.md section 
 
 Rows carry no request ids and are reordered, preempted and finished between steps; the drafter's
 KV pool therefore finds each row's cached context by longest common prefix, and is bounded.
+Beside this module: what a row carries between steps (`proposer_rows`), the adaptive
+controller's side (`proposer_adaptive`) and the statistics (`proposer_stats`).
 """
 
 from __future__ import annotations
@@ -18,17 +20,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from vllm_specdiff.adaptive import AdaptiveDrafting, Plan, TailCredit
+from vllm_specdiff.adaptive import AdaptiveDrafting
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
+from vllm_specdiff.core.candidates import candidate_drafts, lookup_continuations, ngram_draft
 from vllm_specdiff.core.datastore import Datastore
-from vllm_specdiff.plugin.candidates import candidate_drafts, lookup_continuations, ngram_draft
+from vllm_specdiff.core.trie import RequestTrie, build_request_trie
 from vllm_specdiff.plugin.config import (
     SpecDiffConfig,
     check_drafter_for,
@@ -36,46 +38,12 @@ from vllm_specdiff.plugin.config import (
     parse_specdiff_config,
     tree_worker,
 )
-from vllm_specdiff.plugin.trie import RequestTrie, build_request_trie
+from vllm_specdiff.plugin.proposer_adaptive import AdaptiveLengths
+from vllm_specdiff.plugin.proposer_rows import Pending, Row, signature
+from vllm_specdiff.plugin.proposer_stats import ProposerStats, specdiff_logger
 from vllm_specdiff.plugin.vllm_plugin import install_vllm_fixes
 
-# Tokens of context that identify a row between two steps (with its length) when counting how
-# many drafts were accepted; a collision of two different rows only swaps their entries.
-_SIGNATURE_TOKENS = 8
 WARM_UP_CONTEXT = 32  # tokens of the start-up draft's dummy context
-
-
-@dataclass(frozen=True)
-class _Row:
-    """A row that just sampled tokens: batch index, committed context (a view of vLLM's token
-    array, read only during the step), the most draft tokens that fit (position limits), the
-    context length the drafter last encoded for it, and the context length when the request
-    was first seen (its output tokens since: its progress)."""
-
-    index: int
-    context: np.ndarray
-    room: int
-    drafted_upto: int
-    start: int
-
-
-@dataclass(frozen=True)
-class _Pending:
-    """What one step left for the next: the row's draft length (accepted counts are out of
-    it), the draft tokens the verifier got (a trie's nodes for K > 1), `drafted_upto` and
-    `start`."""
-
-    depth: int
-    tokens: int
-    drafted_upto: int
-    start: int
-    lookup: bool = False  # the draft was a prompt-lookup continuation
-
-
-def _logger() -> Any:
-    from vllm.logger import init_logger
-
-    return init_logger("vllm.specdiff")  # under "vllm", so vLLM's log handlers print it
 
 
 def verifier_tokenizer(model_config: Any) -> Any:
@@ -87,7 +55,7 @@ def verifier_tokenizer(model_config: Any) -> Any:
     return cached_tokenizer_from_config(model_config)
 
 
-class SpecDiffProposer:
+class SpecDiffProposer(AdaptiveLengths, ProposerStats):
     """Drafts `num_speculative_tokens` tokens per request with a masked-diffusion drafter (K=1).
 
     The drafter attribute is `self.drafter`, never `self.model`: vLLM's runner inspects
@@ -133,7 +101,7 @@ class SpecDiffProposer:
         self.drafter_seconds = 0.0
         # per context signature, one entry per row (rows with identical contexts, e.g. greedy
         # n > 1, each keep theirs)
-        self._pending: dict[tuple[int, bytes], list[_Pending]] = {}
+        self._pending: dict[tuple[int, bytes], list[Pending]] = {}
         self._last_end: float | None = None  # end of the last propose call (verifier timing)
         # The clock the cost model reads (seconds). A bench that steps several engines in turn
         # gives each proposer one that stands still while the other engines step, so the
@@ -194,9 +162,9 @@ class SpecDiffProposer:
         self.drafter_path = path
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(self.config.seed)
-        _logger().info("SpecDiff drafter %s loaded (gamma=%d, T_d=%s, steps=%d, cache=%d)",
-                       path, self.gamma, self.config.drafter_temperature, self.config.steps,
-                       self.cache_size)
+        specdiff_logger().info(
+            "SpecDiff drafter %s loaded (gamma=%d, T_d=%s, steps=%d, cache=%d)", path,
+            self.gamma, self.config.drafter_temperature, self.config.steps, self.cache_size)
 
     def _warm_up(self) -> None:
         """One throwaway draft before serving. The drafter's first call pays one-time costs
@@ -210,7 +178,8 @@ class SpecDiffProposer:
             self.drafter.draft_logits([context], self.gamma,
                                       steps=min(self.config.steps, self.gamma))
         self.drafter.clear_cache()  # the dummy context must not sit in the KV pool
-        _logger().debug("SpecDiff drafter warm-up: %.0f ms", 1000 * (time.perf_counter() - start))
+        specdiff_logger().debug("SpecDiff drafter warm-up: %.0f ms",
+                                1000 * (time.perf_counter() - start))
 
     def _check_positions(self) -> None:
         """Fail at start-up when long requests could never be drafted for.
@@ -247,7 +216,7 @@ class SpecDiffProposer:
         num_rows = len(sampled_token_ids)
         drafts: list[list[int]] = [[] for _ in range(num_rows)]
         self.last_tries = [None] * num_rows
-        decoded: list[_Row] = []
+        decoded: list[Row] = []
         accepted, depths, from_lookup = [], [], []
         verified: int | None = 0  # verifier tokens of this step; None: it also prefilled
         arrived = 0  # rows that are new this step
@@ -257,7 +226,7 @@ class SpecDiffProposer:
                 continue
             n = int(num_tokens_no_spec[i])
             context = token_ids_cpu[i, :n]
-            same = self._pending.get(self._signature(context[: n - len(sampled)]))
+            same = self._pending.get(signature(context[: n - len(sampled)]))
             prev = same.pop() if same else None
             if prev is None:
                 verified = None  # a new or resumed request: this step ran its prefill
@@ -269,7 +238,7 @@ class SpecDiffProposer:
                     depths.append(prev.depth)
                     from_lookup.append(prev.lookup)
             room = min(self.gamma, self.max_model_len - n, self.drafter.draft_room(n))
-            decoded.append(_Row(i, np.asarray(context), max(room, 0),
+            decoded.append(Row(i, np.asarray(context), max(room, 0),
                                 0 if prev is None else prev.drafted_upto,
                                 n if prev is None else prev.start))
         departed = sum(len(left) for left in self._pending.values())
@@ -303,7 +272,7 @@ class SpecDiffProposer:
             n = int(row.context.shape[0])
             # a lookup draft may be shorter than its length; a trie has more nodes than depth
             depth = min(length, len(drafts[row.index]))
-            self._pending.setdefault(self._signature(row.context), []).append(_Pending(
+            self._pending.setdefault(signature(row.context), []).append(Pending(
                 depth, len(drafts[row.index]),
                 n if row.index in drafter_rows else row.drafted_upto, row.start,
                 lookup=row.index in by_lookup))
@@ -318,8 +287,8 @@ class SpecDiffProposer:
         self._maybe_log()
         return drafts
 
-    # ---- adaptive drafting ----------------------------------------------------------------------
-    def _lookups(self, decoded: list[_Row]) -> tuple[dict[int, np.ndarray], set[int]]:
+    # ---- drafting -------------------------------------------------------------------------------
+    def _lookups(self, decoded: list[Row]) -> tuple[dict[int, np.ndarray], set[int]]:
         """With prompt lookup on: per batch index, the lookup continuation (at most the row's
         room) of each row whose context repeats, else (with a datastore) the retrieved one;
         and the batch indices whose continuation was retrieved."""
@@ -337,80 +306,6 @@ class SpecDiffProposer:
             if continuation is not None and continuation.shape[0] > 0:
                 out[row.index] = continuation
         return out, retrieved
-
-    def _draft_lengths(self, decoded: list[_Row], start: float, verified: int | None,
-                       found: dict[int, np.ndarray]) -> list[int]:
-        """Each decoded row's draft length this step: its room (fixed gamma), or the adaptive
-        controller's plan, fed first with the verifier step that just ran (decode-only steps):
-        rows with a lookup continuation (`found`) get the plan's lookup length, the others its
-        drafter length, and probes go to drafter rows."""
-        rooms = [row.room for row in decoded]
-        if self.adaptive is None or not decoded:
-            return rooms
-        if verified is not None and self._last_end is not None:
-            self.adaptive.observe_verifier(len(decoded), verified, start - self._last_end)
-        credit = TailCredit.of([int(row.context.shape[0]) - row.start for row in decoded],
-                               [row.index in found for row in decoded], slack=self.gamma)
-        # the drafter rows' context not yet encoded; a probe takes the rows it saw last
-        drafter_rows = [j for j, row in enumerate(decoded) if row.index not in found]
-        encoded = {j: self._encoded(decoded[j]) for j in drafter_rows}
-        order = sorted(drafter_rows, key=lambda j: (rooms[j] == 0, encoded[j], j))
-        catch_up = sum(encoded.values()) / len(encoded) if encoded else None
-        plan = self._rank0_plan(len(decoded), len(found), credit, catch_up,
-                                encoded[order[0]] if order else None)
-        lookup_gamma = plan.gamma if plan.lookup_gamma is None else plan.lookup_gamma
-        lengths = [min(room, lookup_gamma if row.index in found else plan.gamma)
-                   for row, room in zip(decoded, rooms, strict=True)]
-        for j in order[: plan.probe_rows]:
-            lengths[j] = min(rooms[j], plan.probe_gamma)
-        return lengths
-
-    def _rank0_plan(self, rows: int, lookup_rows: int, credit: TailCredit,
-                    catch_up: float | None, probe_catch_up: int | None) -> Plan:
-        """The controller's plan; with tensor parallelism, rank 0's (the rank whose drafts vLLM
-        keeps) for every rank, so all ranks draft the same tokens from the same inputs (their
-        timings differ) and tries (K > 1) stay the same on every rank."""
-        assert self.adaptive is not None
-        args = (rows, lookup_rows, credit, catch_up, probe_catch_up)
-        if self.tp_size == 1:
-            return self.adaptive.plan(*args)
-        from vllm.distributed import get_tp_group
-
-        group = get_tp_group()
-        plan = self.adaptive.plan(*args) if group.rank_in_group == 0 else None
-        return group.broadcast_object(plan, src=0)
-
-    def _encoded(self, row: _Row) -> int:
-        """Context tokens the drafter encodes for this row before drafting (its KV pool holds
-        the context it last drafted from; a skipped step leaves one more token to catch up)."""
-        fresh = int(row.context.shape[0]) - row.drafted_upto
-        window = self.config.context_window
-        return fresh if window is None else min(fresh, window)
-
-    def _observe_full_tokens(self, drafts: list[list[int]], rows: list[tuple[_Row, int]]
-                             ) -> None:
-        """Verifier tokens of a full-depth draft (a trie's nodes for K > 1), for the cost model."""
-        full = [len(drafts[row.index]) for row, n in rows if n == self.gamma]
-        if self.adaptive is not None and full:
-            self.adaptive.observe_full_tokens(sum(full) / len(full))
-
-    def _observe_call(self, encoded: int, elapsed: float) -> None:
-        if self.adaptive is not None:
-            if encoded:
-                self.adaptive.observe_drafter(encoded, elapsed)
-            else:
-                self.adaptive.observe_overhead(elapsed)
-        self._last_end = self.clock()
-
-    def _record_accepted(self, accepted: list[int], depths: list[int],
-                         from_lookup: list[bool]) -> None:
-        """Accepted draft tokens per row, recorded out of each row's own draft length (and, for
-        the controller, by the draft's source)."""
-        for depth in sorted(set(depths)):
-            self.stats.record([a for a, d in zip(accepted, depths, strict=True) if d == depth],
-                              depth)
-        if self.adaptive is not None and accepted:
-            self.adaptive.observe_accepted(accepted, depths, from_lookup)
 
     def _draft(self, contexts: list[torch.Tensor], lengths: list[int], allowed: list[bool]
                ) -> tuple[list[list[int]], list[RequestTrie | None]]:
@@ -471,107 +366,3 @@ class SpecDiffProposer:
         drafts = drafts.clone()
         drafts[1] = found
         return drafts, ("argmax", "ngram") + sources[2:]
-
-    def record_tree_steps(self, accepted: list[int], selected: list[int], sources: list[str],
-                          tau_chosen: list[float], tau_mean: list[float], walked: int = 0,
-                          several_tried: int = 0) -> None:
-        """The runner reports its trie verify steps: accepted length, k*, the source of k*, tau of
-        k* and the mean tau of all candidates (per request); with selection "tree", how many of
-        them the tree walk committed and how many of those tried several children at a node."""
-        with self._lock:
-            self.tree_walks += walked
-            self.tree_walks_several += several_tried
-            self.tree_stats.record(accepted, self.gamma, selected, self.config.num_drafts)
-            for source in sources:
-                self.chosen_sources[source] = self.chosen_sources.get(source, 0) + 1
-            self.tau_chosen += sum(tau_chosen)
-            self.tau_all += sum(tau_mean)
-
-    # ---- metrics --------------------------------------------------------------------------------
-    @staticmethod
-    def _signature(context: np.ndarray) -> tuple[int, bytes]:
-        tail = np.asarray(context[-_SIGNATURE_TOKENS:], dtype=np.int64)
-        return int(context.shape[0]), tail.tobytes()
-
-    def _new_stats(self) -> SpecDecodeStats:
-        stats = SpecDecodeStats()
-        stats.record([], self.gamma)  # size the per-position lists for gamma, whatever is drafted
-        return stats
-
-    def get_stats(self) -> dict[str, Any]:
-        """Drafter time per step and acceptance, as the Python API and log line report them."""
-        with self._lock:
-            calls, rows, seconds = self.propose_calls, self.drafted_rows, self.drafter_seconds
-            lookups, retrieved = self.lookup_drafts, self.datastore_drafts
-            adaptive = {"enabled": False} if self.adaptive is None else self.adaptive.stats()
-        out = {
-            "gamma": self.gamma,
-            "drafter": self.drafter_path,
-            "propose_calls": calls,
-            "drafted_rows": rows,
-            "lookup_drafts": lookups,
-            "datastore_drafts": retrieved,
-            "drafter_seconds": seconds,
-            "drafter_ms_per_step": 1000.0 * seconds / calls if calls else 0.0,
-            "mean_accepted_length": self.stats.mean_accepted_length,
-            "acceptance_rate": self.stats.acceptance_rate,
-            "per_position_acceptance": self.stats.per_position_acceptance,
-            "accepted_length_histogram": list(self.stats.accepted_length_histogram),
-            "verify_steps": self.stats.steps,
-            "drafted_tokens": self.stats.drafted_tokens,
-            "adaptive": adaptive,
-        }
-        if self.config.num_drafts > 1:
-            steps = self.tree_stats.steps
-            out["tree"] = {**self.tree_stats.to_dict(),
-                           "chosen_sources": dict(self.chosen_sources),
-                           "mean_tau_chosen": self.tau_chosen / steps if steps else 0.0,
-                           "mean_tau_all": self.tau_all / steps if steps else 0.0,
-                           "tree_walk_steps": self.tree_walks,
-                           "tree_walk_steps_trying_several_children": self.tree_walks_several}
-        if self.drafter is not None:
-            out["drafter_cache"] = self.drafter.cache_stats()
-            out["quantization"] = self.drafter.quantization
-        return out
-
-    def reset_stats(self) -> None:
-        with self._lock:
-            self.stats = self._new_stats()
-            if self.adaptive is not None:
-                self.adaptive.reset_counters()
-            self.propose_calls = 0
-            self.drafted_rows = 0
-            self.lookup_drafts = 0
-            self.datastore_drafts = 0
-            self.drafter_seconds = 0.0
-            self._logged = (0, 0.0, 0)
-            self.tree_stats = SpecDecodeStats()
-            self.chosen_sources = {}
-            self.tau_chosen = self.tau_all = 0.0
-            self.tree_walks = self.tree_walks_several = 0
-
-    def _maybe_log(self) -> None:
-        interval = self.config.log_interval
-        now = time.monotonic()
-        if interval <= 0 or now - self._last_log < interval:
-            return
-        self._last_log = now
-        calls, seconds, steps = self.propose_calls, self.drafter_seconds, self.stats.steps
-        d_calls = calls - self._logged[0]
-        d_secs = seconds - self._logged[1]
-        self._logged = (calls, seconds, steps)
-        _logger().info(
-            "SpecDiff drafter: %.1f ms/step (last %d steps), mean accepted length %.2f of %d "
-            "(%d verify steps), cache %s",
-            1000.0 * d_secs / max(d_calls, 1), d_calls, self.stats.mean_accepted_length,
-            self.gamma, steps, self.drafter.cache_stats() if self.drafter is not None else {})
-        if self.config.num_drafts > 1:
-            tree = self.tree_stats
-            _logger().info(
-                "SpecDiff self-selection (K=%d): %d trie steps, mean accepted length %.2f, "
-                "chosen %s, mean tau chosen %.2f vs all %.2f", self.config.num_drafts,
-                tree.steps,
-                tree.mean_accepted_length, self.chosen_sources,
-                self.tau_chosen / max(tree.steps, 1), self.tau_all / max(tree.steps, 1))
-        if self.adaptive is not None:
-            _logger().info("SpecDiff adaptive drafting: %s", self.adaptive.summary())

@@ -35,13 +35,13 @@ from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
 from vllm_specdiff.core import Verdict, score_drafts, target_probs, verify_tree
+from vllm_specdiff.core.trie import RequestTrie
 from vllm_specdiff.plugin.tree_attention import (
     CacheLayout,
     TreeBatchContext,
     TreeRequest,
     install_tree_attention,
 )
-from vllm_specdiff.plugin.trie import RequestTrie
 from vllm_specdiff.plugin.vllm_plugin import clamp_spec_decode_stats
 
 logger = init_logger("vllm.specdiff")

@@ -36,10 +36,10 @@ def install_vllm_fixes() -> list[str]:
     the entry point installs them for every engine; the proposer calls this again in case the
     plugin was filtered out (`VLLM_PLUGINS`); a second call installs nothing.
     """
-    from vllm_specdiff.plugin.cpu_fixes import fix_cpu_expand_kernel
-    from vllm_specdiff.plugin.draftless_fix import fix_draftless_steps
-    from vllm_specdiff.plugin.recovered_fix import fix_recovered_tokens
-    from vllm_specdiff.plugin.topk_fix import fix_cpu_top_k_only
+    from vllm_specdiff.plugin.patches.cpu_fixes import fix_cpu_expand_kernel
+    from vllm_specdiff.plugin.patches.draftless_fix import fix_draftless_steps
+    from vllm_specdiff.plugin.patches.recovered_fix import fix_recovered_tokens
+    from vllm_specdiff.plugin.patches.topk_fix import fix_cpu_top_k_only
 
     fixes = {
         "expand_kernel (temperature > 0 verification)": fix_cpu_expand_kernel,
