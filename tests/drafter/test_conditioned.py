@@ -122,3 +122,42 @@ def test_shared_tensors_stay_frozen(drafter):
     assert not drafter.embed_tokens.weight.requires_grad
     assert not drafter.lm_head.weight.requires_grad
     assert drafter.fc.weight.requires_grad and drafter.mask_embedding.requires_grad
+
+
+@torch.no_grad()
+def test_incremental_context_drafts_as_the_teacher_forced_window(drafter):
+    from vllm_specdiff.drafter.conditioned_state import ConditionedContextCache
+
+    cache = ConditionedContextCache(drafter)
+    seqs = [_inputs(seed) for seed in (4, 5)]
+    lengths = [14, 9]  # committed tokens 0..n-1; the anchor is token n-1
+    for r, ((ids, feats), n) in enumerate(zip(seqs, lengths, strict=True)):
+        pieces = [0, 5, 7, n - 1]  # a chunked prefill, then single steps
+        for lo, hi in zip(pieces, pieces[1:], strict=False):
+            cache.extend(f"r{r}", feats[0, lo:hi], lo)
+    anchors = torch.tensor([ids[0, n - 1] for (ids, _), n in zip(seqs, lengths, strict=True)])
+    got = cache.block_logits(["r0", "r1"], anchors)
+    for r, ((ids, feats), n) in enumerate(zip(seqs, lengths, strict=True)):
+        want = drafter.window_logits(ids[:, :n], torch.tensor([[n]]), 4, feats[:, :n])[0, 0]
+        torch.testing.assert_close(got[r], want, rtol=1e-5, atol=1e-5)
+    assert cache.restarts == 0
+
+
+@torch.no_grad()
+def test_context_cache_is_bounded_and_restarts_a_request_it_dropped(drafter):
+    from vllm_specdiff.drafter.conditioned_state import ConditionedContextCache
+
+    ids, feats = _inputs(6)
+    cache = ConditionedContextCache(drafter)
+    cache.extend("a", feats[0, :10], 0)
+    one = cache.nbytes
+    cache.max_bytes = one + one // 2  # room for one request and a half
+    cache.extend("b", feats[0, :10], 0)
+    cache.block_logits(["b"], ids[0, 10:11])  # drafting "b" evicts the idle "a"
+    assert list(cache.entries) == ["b"] and cache.nbytes <= cache.max_bytes
+    cache.extend("a", feats[0, 10:12], 10)  # "a" comes back mid-sequence: a new, short entry
+    assert cache.restarts == 1 and cache.entries["a"].start == 10
+    logits = cache.block_logits(["a"], ids[0, 12:13])
+    assert torch.isfinite(logits).all()
+    cache.drop("a")
+    assert "a" not in cache.entries
