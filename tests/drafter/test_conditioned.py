@@ -131,7 +131,7 @@ def test_incremental_context_drafts_as_the_teacher_forced_window(drafter):
     cache = ConditionedContextCache(drafter)
     seqs = [_inputs(seed) for seed in (4, 5)]
     lengths = [14, 9]  # committed tokens 0..n-1; the anchor is token n-1
-    for r, ((ids, feats), n) in enumerate(zip(seqs, lengths, strict=True)):
+    for r, ((_, feats), n) in enumerate(zip(seqs, lengths, strict=True)):
         pieces = [0, 5, 7, n - 1]  # a chunked prefill, then single steps
         for lo, hi in zip(pieces, pieces[1:], strict=False):
             cache.extend(f"r{r}", feats[0, lo:hi], lo)
