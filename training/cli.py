@@ -51,7 +51,7 @@ HELP = {
     # train
     "data": "data directory written by `generate`, or several separated by commas (a "
             "resumed run may append directories)",
-    "output": "output directory (train) / JSON file (eval; a PNG is written beside it) / "
+    "output": "output directory (train) / JSON file (eval, curves; a PNG is written beside it) / "
               "prompt jsonl (corpus) / slim drafter directory (export) / datastore file "
               "(datastore)",
     "drafter": "drafter directory: to train (e.g. the default block-causal drafter), or to "
@@ -105,6 +105,7 @@ HELP = {
     "seed": "random seed (data order, sampling, initialisation)",
     "resume": "continue from the latest checkpoint in --output",
     # export
+    "runs": "comma-separated `train` output directories to draw side by side",
     "run": "a `train` output directory (its latest checkpoint) or one checkpoint directory",
     # eval
     "candidates": "[NAME=]PATH[+ADAPTER]: a drafter directory, a `train` output directory, or a "
@@ -125,7 +126,8 @@ SINGULAR = {"candidates": "candidate"}
 DEPRECATED = {"drafter_temperature": ("--draft-temperature",)}
 REQUIRED = {"corpus": {"output"}, "generate": {"verifier", "prompts", "output"},
             "train": {"data", "output"}, "eval": {"data", "verifier", "candidates"},
-            "export": {"verifier", "output"}, "datastore": {"data", "output"}}
+            "export": {"verifier", "output"}, "datastore": {"data", "output"},
+            "curves": {"runs", "output"}}
 
 
 def _add_fields(parser: argparse.ArgumentParser, cls: type, required: set[str]) -> None:
@@ -172,6 +174,7 @@ class _Deprecated(argparse.Action):
 
 def build_parser() -> argparse.ArgumentParser:
     from .corpus import CorpusConfig
+    from .curves import CurvesConfig
     from .datastore import DatastoreConfig
     from .evaluate import EvalConfig
     from .export import ExportConfig
@@ -190,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
             ("export", ExportConfig, "a full fine-tuning run -> slim drafter directory + its "
                                      "learning curve"),
             ("datastore", DatastoreConfig, "verifier data -> a retrieval datastore file (the "
-                                           "training split's continuations)")):
+                                           "training split's continuations)"),
+            ("curves", CurvesConfig, "training runs' held-out learning curves side by side "
+                                     "(JSON + PNG)")):
         p = sub.add_parser(name, help=desc, description=desc)
         _add_fields(p, cls, REQUIRED[name])
         p.set_defaults(config_cls=cls)
@@ -222,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .export import run_export
 
             result = run_export(cfg)
+        elif args.command == "curves":
+            from .curves import run_curves
+
+            result = run_curves(cfg)
         elif args.command == "datastore":
             from .datastore import run_datastore
 

@@ -15,6 +15,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from vllm_specdiff.drafter.checkpoint import read_config
 from vllm_specdiff.drafter.conditioned import ConditionedDrafter
 from vllm_specdiff.drafter.slim import slim_checkpoint
@@ -170,7 +172,7 @@ def _export_conditioned(cfg: ExportConfig, drafter: ConditionedDrafter, out: Pat
                          "trained (train --draft-vocab-size)")
     if cfg.format == "dflash":
         return export_dflash(drafter, cfg.verifier, out)
-    drafter.save_pretrained(out)
+    drafter.save_pretrained(out, dtype=torch.float16)  # shipped: half the bytes
     copy_tokenizer_files(cfg.verifier, out)
     return {"output": str(out), "format": "specdiff", "model_type": drafter.cfg.model_type}
 

@@ -1,5 +1,7 @@
 """Training verifier-conditioned drafters: both designs, their losses, resume and checkpoints."""
 
+import json
+
 import pytest
 import torch
 
@@ -55,6 +57,32 @@ def test_conditioned_run_learns_resumes_and_rebuilds_from_its_checkpoint(tmp_pat
         report["run"]["expected_accepted_length"], rel=1e-5)
     assert report["dir"]["greedy_accepted_length"] > 0
     assert len(report["dir"]["per_position_acceptance_greedy"]) == GAMMA
+
+    # the curve starts at the untrained drafter (step 0) and lands in one JSON with its machine
+    from vllm_specdiff_training.curves import CurvesConfig, run_curves
+
+    curves = run_curves(CurvesConfig(runs=[str(tmp_path / "long")],
+                                     output=str(tmp_path / "curves.json")))
+    saved = json.loads((tmp_path / "curves.json").read_text())
+    steps = [p["step"] for p in saved["runs"]["long"]["curve"]]
+    assert steps[0] == 0 and steps[-1] == 60 and "machine" in saved["provenance"]
+    assert curves["last"]["long"]["heldout_expected_streak"] == pytest.approx(
+        summary["heldout_expected_streak"])
+
+    # export ships the trained tensors in float16, with the run's curve
+    from vllm_specdiff.drafter.conditioned import ConditionedDrafter
+    from vllm_specdiff_training.export import ExportConfig, run_export
+
+    shipped = run_export(ExportConfig(run=str(tmp_path / "long"), verifier=str(verifier3),
+                                      output=str(tmp_path / "shipped")))
+    assert shipped["step"] == 60 and (tmp_path / "shipped" / "learning_curve.json").is_file()
+    again = ConditionedDrafter.from_pretrained(tmp_path / "shipped", verifier3).eval()
+    batch = long._micro_batch(0)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            again.window_logits(batch.input_ids, batch.starts, GAMMA, batch.features),
+            long.drafter.eval().window_logits(batch.input_ids, batch.starts, GAMMA,
+                                              batch.features), rtol=0.02, atol=0.05)
 
     # stopped at step 3 and resumed: the same weights as a run that never stopped
     Trainer(_cfg(greedy_data, tmp_path / "r", verifier3, steps=3)).run()
