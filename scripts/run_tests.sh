@@ -23,6 +23,6 @@ run() {
 run tests/kernels "$@"
 # Tensor parallelism starts multi-process engines whose distributed state outlives them, which
 # breaks later in-process engines: its test gets a process of its own too.
-run tests --ignore=tests/vllm/test_tensor_parallel.py "$@"
-run tests/vllm/test_tensor_parallel.py "$@"
+run tests --ignore=tests/engine/test_tensor_parallel.py "$@"
+run tests/engine/test_tensor_parallel.py "$@"
 exit "$status"

@@ -1,9 +1,16 @@
-"""Shared fixtures: tiny random models built in memory (never downloaded)."""
+"""Shared fixtures: tiny random models built in memory or written once per session (never
+downloaded)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+from tests.tiny_models import write_tiny_drafter, write_tiny_verifier  # noqa: E402
 
 
 def make_tiny_llama(vocab_size: int = 12, seed: int = 0, hidden_size: int = 16,
@@ -30,3 +37,14 @@ def make_tiny_llama(vocab_size: int = 12, seed: int = 0, hidden_size: int = 16,
 @pytest.fixture
 def tiny_llama() -> torch.nn.Module:
     return make_tiny_llama()
+
+
+@pytest.fixture(scope="session")
+def tiny_verifier(tmp_path_factory: pytest.TempPathFactory):
+    return write_tiny_verifier(tmp_path_factory.mktemp("tiny") / "verifier")
+
+
+@pytest.fixture(scope="session")
+def tiny_drafter(tiny_verifier, tmp_path_factory: pytest.TempPathFactory):
+    """Full-depth drafter: draft token 1 equals the verifier's greedy token."""
+    return write_tiny_drafter(tiny_verifier, tmp_path_factory.mktemp("tiny") / "drafter")

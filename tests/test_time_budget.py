@@ -1,5 +1,5 @@
 """The time-budget benchmark's pure parts: which tokens a budget keeps, the answer a finish
-states, and the accuracy table (benchmarks/time_budget.py; the engine run is in tests/vllm)."""
+states, and the accuracy table (benchmarks/time_budget.py; the engine run is in tests/engine)."""
 
 import argparse
 import sys

@@ -3,7 +3,7 @@
     python -m vllm_specdiff.config_docs          # rewrite docs/options.md
     python -m vllm_specdiff.config_docs --check  # exit 1 if it is out of date
 
-tests/vllm/test_options_doc.py fails when the file and the declaration differ.
+tests/plugin/test_options_doc.py fails when the file and the declaration differ.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ KERNEL_PARAMS = ("output_ptr", "input_ptr", "cu_num_tokens_ptr", "replace_from",
 _LAYOUT_ERRORS = (ImportError, AttributeError, KeyError, TypeError, ValueError, RuntimeError)
 
 _log = logging.getLogger("vllm.specdiff")  # under "vllm", so vLLM's log handlers print it
-# vLLM's own fallback, kept when the fix replaces it (tests/vllm/test_cpu_fixes.py probes it).
+# vLLM's own fallback, kept when the fix replaces it (tests/plugin/patches/test_cpu_fixes.py
+# probes it).
 _replaced: dict[str, Callable[..., Any]] = {}
 
 

@@ -30,9 +30,9 @@ The wrapper samples a recovered token only where the kernel can read one:
 - anything else (draft probabilities, another device, uniforms missing or of another length)
   runs vLLM's own function unchanged.
 Lossless: a rejected position still emits a sample of p with the draft token removed, drawn
-independently of the acceptance test (tests/vllm/test_recovered_fix.py: chi-square with
-negative controls, the same accepted tokens as vLLM's; test_sampling_distribution.py: the
-engine's output distribution).
+independently of the acceptance test (tests/plugin/patches/test_recovered_fix.py: chi-square
+with negative controls, the same accepted tokens as vLLM's; the engine's output distribution:
+tests/engine/test_sampling_distribution.py).
 
 Guarded like `topk_fix`: installed once, only where vLLM's functions have the layout this
 relies on; a changed vLLM layout logs a warning and leaves vLLM as it is.

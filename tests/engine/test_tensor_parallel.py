@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.vllm.tiny_models import speculative_args, word_prompt
+from tests.tiny_models import speculative_args, word_prompt
 
 pytestmark = pytest.mark.vllm
 

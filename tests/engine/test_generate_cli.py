@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.vllm.tiny_models import word_prompt
+from tests.tiny_models import word_prompt
 
 pytestmark = pytest.mark.vllm
 

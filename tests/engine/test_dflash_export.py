@@ -22,7 +22,7 @@ from vllm_specdiff_training.features import TapModel
 from vllm_specdiff_training.generate import GenerateConfig, run_generate
 from vllm_specdiff_training.trainer import TrainConfig, run_train
 
-from .tiny_models import write_cycle_verifier
+from ..tiny_models import write_cycle_verifier
 
 GAMMA, MAX_TOKENS = 4, 24
 

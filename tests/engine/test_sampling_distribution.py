@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tests.vllm.tiny_models import speculative_args, word, word_prompt
+from tests.tiny_models import speculative_args, word, word_prompt
 from vllm_specdiff.plugin.patches.cpu_fixes import KERNEL, expand_any_dtype
 
 pytestmark = pytest.mark.vllm

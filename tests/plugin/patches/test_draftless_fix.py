@@ -5,28 +5,21 @@ Routing (a fake runner): a step without drafts takes the plain path, a step with
 plain step and a step of a thinking-budget request keep theirs. Semantics (vLLM's own samplers):
 on such a step the rejection sampler's output is the plain sampler's, tokens, logprobs and
 seeded generator states alike, with penalties; its control, one draft token, moves a seeded
-generator. Engine: a speculative engine whose proposer drafts nothing gives a plain engine's
-seeded tokens and logprobs at temperature 1 without one rejection-sampler call; with vLLM's own
-`_sample` back every such step goes through the rejection sampler (and, as the semantics test
-says, still gives the same tokens); with real drafts the rejection sampler still runs.
+generator. The engine runs are tests/engine/test_draftless_steps.py.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
-from tests.vllm.tiny_models import speculative_args, word_prompt
 from vllm_specdiff.plugin.patches.draftless_fix import (
     fix_draftless_steps,
     plain_when_draftless,
-    restore_vllm_sample,
 )
 
 pytestmark = pytest.mark.vllm
@@ -193,167 +186,3 @@ def test_install_is_idempotent_and_a_changed_layout_only_warns(monkeypatch, capl
 
 
 # ---- engine -------------------------------------------------------------------------------------
-PROMPTS = [word_prompt(s, 6) for s in range(4)]
-SEEDS = [101, 202, 303, 404]
-TOKENS = 8
-
-
-def _engine_kwargs(model) -> dict:  # noqa: ANN001
-    return dict(model=str(model), max_model_len=128, max_num_seqs=4, seed=0,
-                kv_cache_memory_bytes=2_000_000, dtype="float32", enforce_eager=True)
-
-
-def _drafter(worker: Any) -> Any:  # runs inside the vLLM worker
-    return getattr(worker, "worker", worker).model_runner.drafter
-
-
-def _draft_nothing(worker: Any) -> bool:  # runs inside the vLLM worker
-    """The proposer drafts nothing for any row (its own propose is kept for `_draft_again`)."""
-    proposer = _drafter(worker)
-    proposer.own_propose = getattr(proposer, "own_propose", proposer.propose)
-    proposer.propose = lambda sampled, *a, **k: [[] for _ in sampled]
-    return True
-
-
-def _draft_again(worker: Any) -> bool:  # runs inside the vLLM worker
-    proposer = _drafter(worker)
-    proposer.propose = proposer.own_propose
-    return True
-
-
-@pytest.fixture(scope="module")
-def engines(tiny_verifier, tiny_drafter):
-    from vllm import LLM
-
-    fix_draftless_steps()
-    plain = LLM(**_engine_kwargs(tiny_verifier))
-    spec = LLM(**_engine_kwargs(tiny_verifier),
-               **speculative_args(tiny_drafter, gamma=4, adaptive=False))
-    return plain, spec
-
-
-@pytest.fixture
-def counted(monkeypatch) -> dict[str, int]:
-    """Calls of the rejection sampler and of vLLM's spec-decode metadata builder (one per
-    speculative step), in this process: the engine runs in-process."""
-    from vllm.v1.sample.rejection_sampler import RejectionSampler
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    counts = {"rejection": 0, "spec_steps": 0}
-    forward, build = RejectionSampler.forward, GPUModelRunner._calc_spec_decode_metadata
-
-    def counted_forward(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        counts["rejection"] += 1
-        return forward(self, *args, **kwargs)
-
-    def counted_build(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        counts["spec_steps"] += 1
-        return build(self, *args, **kwargs)
-
-    monkeypatch.setattr(RejectionSampler, "forward", counted_forward)
-    monkeypatch.setattr(GPUModelRunner, "_calc_spec_decode_metadata", counted_build)
-    return counts
-
-
-@contextmanager
-def _without_drafts(llm: Any) -> Iterator[Any]:
-    assert llm.collective_rpc(_draft_nothing) == [True]
-    try:
-        yield llm
-    finally:
-        llm.collective_rpc(_draft_again)
-
-
-@pytest.fixture
-def drafting_nothing(engines) -> Iterator[Any]:
-    with _without_drafts(engines[1]) as spec:
-        yield spec
-
-
-@pytest.fixture
-def vllm_sample_restored() -> Iterator[None]:
-    assert restore_vllm_sample(), "the fix was not installed"
-    try:
-        yield
-    finally:
-        assert fix_draftless_steps()
-
-
-def _generate(llm: Any, logprobs: int | None = None) -> list[Any]:
-    from vllm import SamplingParams
-
-    params = [SamplingParams(max_tokens=TOKENS, temperature=1.0, seed=s, ignore_eos=True,
-                             logprobs=logprobs) for s in SEEDS]
-    return [o.outputs[0] for o in llm.generate(PROMPTS, params, use_tqdm=False)]
-
-
-def _logprobs(output: Any) -> list[dict[int, float]]:
-    return [{t: lp.logprob for t, lp in step.items()} for step in output.logprobs]
-
-
-def test_draftless_steps_sample_as_a_plain_engine_without_the_rejection_sampler(
-        engines, drafting_nothing, counted):
-    plain = _generate(engines[0], logprobs=2)
-    counted.update(rejection=0, spec_steps=0)
-    spec = _generate(drafting_nothing, logprobs=2)
-    assert counted["spec_steps"] >= TOKENS  # speculative steps, each without a draft
-    assert counted["rejection"] == 0
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-    assert len({tuple(o.token_ids) for o in plain}) == len(SEEDS)  # the seeds matter
-    for s, p in zip(spec, plain, strict=True):
-        assert len(_logprobs(s)) == TOKENS
-        for a, b in zip(_logprobs(s), _logprobs(p), strict=True):
-            assert a.keys() == b.keys()
-            assert all(abs(a[t] - b[t]) < 1e-5 for t in a)
-
-
-def test_without_the_fix_every_draftless_step_goes_through_the_rejection_sampler(
-        engines, drafting_nothing, counted, vllm_sample_restored):
-    plain = _generate(engines[0])
-    counted.update(rejection=0, spec_steps=0)
-    spec = _generate(drafting_nothing)
-    assert counted["spec_steps"] >= TOKENS
-    assert counted["rejection"] == counted["spec_steps"]
-    # vLLM's rejection path draws a seeded row's bonus token as the plain sampler does: the
-    # fix saves time, it does not change these tokens
-    assert [o.token_ids for o in spec] == [o.token_ids for o in plain]
-
-
-def test_steps_with_drafts_still_go_through_the_rejection_sampler(engines, counted):
-    from vllm_specdiff.plugin.engine import specdiff_stats
-
-    spec = engines[1]
-    before = specdiff_stats(spec)["proposer"]["drafted_rows"]
-    _generate(spec)
-    assert specdiff_stats(spec)["proposer"]["drafted_rows"] > before
-    # every step after the prefill has drafts (adaptive drafting off); the prefill has none
-    assert 0 < counted["rejection"] < counted["spec_steps"]
-
-
-def _runner_class(worker: Any) -> str:  # runs inside the vLLM worker
-    return type(getattr(worker, "worker", worker).model_runner).__name__
-
-
-def test_the_tree_runner_passes_draftless_steps_to_the_fix(tiny_verifier, tiny_drafter, engines,
-                                                           counted):
-    """K = 2: the tree runner's `_sample` hands steps without tries to `super()._sample`, which
-    is the wrapped one; with drafts its tree path still verifies through the rejection
-    sampler."""
-    from vllm import LLM
-
-    from vllm_specdiff.plugin.config import CPU_TREE_WORKER
-
-    tree = LLM(**_engine_kwargs(tiny_verifier), worker_cls=CPU_TREE_WORKER,
-               async_scheduling=False,
-               **speculative_args(tiny_drafter, gamma=4, num_drafts=2, max_tree_tokens=9,
-                                  adaptive=False))
-    assert tree.collective_rpc(_runner_class) == ["SpecDiffCPUModelRunner"]
-    plain = _generate(engines[0])
-    with _without_drafts(tree):
-        counted.update(rejection=0, spec_steps=0)
-        assert [o.token_ids for o in _generate(tree)] == [o.token_ids for o in plain]
-        assert counted["spec_steps"] >= TOKENS and counted["rejection"] == 0
-    counted.update(rejection=0, spec_steps=0)
-    outputs = _generate(tree)
-    assert all(len(o.token_ids) == TOKENS for o in outputs)
-    assert 0 < counted["rejection"] < counted["spec_steps"]

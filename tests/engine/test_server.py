@@ -35,7 +35,7 @@ def _serving(tiny_verifier, tiny_drafter, log_path, options: dict):
     import requests
 
     port = _free_port()
-    # the shorthand spelling; tests/vllm/test_options.py checks it expands to
+    # the shorthand spelling; tests/plugin/test_options.py checks it expands to
     # --speculative-config plus the drafter merged into --additional-config
     cmd = [sys.executable, "-P", "-m", "vllm_specdiff.cli", "serve", str(tiny_verifier),
            "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "256",

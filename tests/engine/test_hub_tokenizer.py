@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.tiny_models import speculative_args, word_prompt
+from tests.tiny_models import speculative_args, word_prompt
 
 pytestmark = pytest.mark.vllm
 

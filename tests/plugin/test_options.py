@@ -1,5 +1,5 @@
 """Start-up validation of the SpecDiff options, the serve wrapper's checks, the CPU settings and
-the CPU kernel fix. Only `test_bad_option_fails_engine_start` starts an engine."""
+the CPU kernel fix, without an engine (tests/engine/test_option_errors.py starts them)."""
 
 from __future__ import annotations
 
@@ -145,37 +145,6 @@ def test_cpu_expand_kernel_fix_fills_float_outputs():
     assert temps.tolist() == pytest.approx([0.7, 0.7, 0.7, 1.0])
 
 
-@pytest.mark.vllm
-def test_bad_option_fails_engine_start(tiny_verifier):
-    from vllm import LLM
-
-    with pytest.raises(Exception, match="'drafter_temperature'") as info:
-        LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=2**20,
-            enforce_eager=True, dtype="float32",
-            speculative_config={"model": "vllm_specdiff.SpecDiffProposer",
-                                "num_speculative_tokens": 2},
-            additional_config={"specdiff": {"drafter_temperature": -1.0}})
-    assert "must be a finite number >= 0" in str(info.value)
-
-
-@pytest.mark.vllm
-def test_cpu_fix_survives_a_later_engine(tiny_verifier):
-    """A worker started after the fix re-registers vLLM's kernels; it must get the fixed one."""
-    from vllm import LLM
-    from vllm.triton_utils import dispatcher
-
-    from vllm_specdiff.plugin.patches.cpu_fixes import (
-        KERNEL,
-        expand_any_dtype,
-        fix_cpu_expand_kernel,
-    )
-
-    fix_cpu_expand_kernel()
-    LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=2**20,
-        enforce_eager=True, dtype="float32")
-    assert dispatcher._registry[KERNEL][1] is expand_any_dtype
-
-
 def _proposer(drafter, max_model_len: int, gamma: int = 4, **options):
     """SpecDiffProposer as vLLM constructs it, with only the config fields it reads."""
     from types import SimpleNamespace
@@ -239,19 +208,6 @@ def test_num_speculative_tokens_limit_is_read_from_vllm(monkeypatch):
         specdiff_engine_args(6)
 
 
-@pytest.mark.vllm
-def test_too_many_speculative_tokens_fail_engine_start(tiny_verifier, tiny_drafter):
-    from vllm import LLM
-    from vllm.v1.sample.rejection_sampler import MAX_SPEC_LEN
-
-    with pytest.raises(Exception, match=f"MAX_SPEC_LEN = {MAX_SPEC_LEN}"):
-        LLM(model=str(tiny_verifier), max_model_len=512, kv_cache_memory_bytes=2**20,
-            enforce_eager=True, dtype="float32",
-            speculative_config={"model": "vllm_specdiff.SpecDiffProposer",
-                                "num_speculative_tokens": 1000},
-            additional_config={"specdiff": {"drafter": str(tiny_drafter)}})
-
-
 def test_default_drafter_only_for_the_default_verifier(monkeypatch, tmp_path):
     from vllm_specdiff import models
     from vllm_specdiff.commands.serve import check_specdiff_args, serve
@@ -275,20 +231,6 @@ def test_default_drafter_only_for_the_default_verifier(monkeypatch, tmp_path):
         check_specdiff_args(["--model", "org/other", "-sc", spec])
     check_specdiff_args(["-sc", spec])  # no model: serve inserts the default verifier
     assert serve(["org/other", "-sc", spec]) == 2
-
-
-@pytest.mark.vllm
-def test_other_verifier_without_drafter_fails_engine_start(tiny_verifier, monkeypatch):
-    from vllm import LLM
-
-    from vllm_specdiff import models
-
-    monkeypatch.delenv(models.DRAFTER_ENV, raising=False)
-    with pytest.raises(Exception, match="'drafter'\\] is required when serving"):
-        LLM(model=str(tiny_verifier), max_model_len=128, kv_cache_memory_bytes=2**20,
-            enforce_eager=True, dtype="float32",
-            speculative_config={"model": "vllm_specdiff.SpecDiffProposer",
-                                "num_speculative_tokens": 2})
 
 
 def _copy_drafter(tiny_drafter, path):

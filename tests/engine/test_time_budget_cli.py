@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.tiny_models import write_tiny_drafter
+from tests.tiny_models import write_tiny_drafter
 
 pytestmark = pytest.mark.vllm
 

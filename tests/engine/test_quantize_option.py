@@ -1,26 +1,12 @@
-"""The `quantize` drafter option: checked at start-up, default chosen per device."""
-
-import pytest
-
-from vllm_specdiff.plugin.config import parse_specdiff_config
-
-
-def test_quantize_defaults_to_auto_and_accepts_the_modes():
-    assert parse_specdiff_config(None).quantize == "auto"
-    for mode in ("auto", "none", "int8"):
-        assert parse_specdiff_config({"specdiff": {"quantize": mode}}).quantize == mode
-
-
-def test_unknown_quantize_mode_names_the_option():
-    with pytest.raises(ValueError, match=r"\['quantize'\] must be one of"):
-        parse_specdiff_config({"specdiff": {"quantize": "int4"}})
+"""The `quantize` drafter option inside an engine: an int8 drafter keeps greedy output
+identical to plain decoding."""
 
 
 def test_int8_drafter_keeps_greedy_output_identical(tiny_verifier, tiny_drafter):
     """The CPU default (int8 linears) changes which drafts are proposed, never the output."""
     from vllm import LLM, SamplingParams
 
-    from tests.vllm.tiny_models import speculative_args, word_prompt
+    from tests.tiny_models import speculative_args, word_prompt
     from vllm_specdiff.plugin.engine import specdiff_stats
 
     common = dict(model=str(tiny_verifier), max_model_len=256, max_num_seqs=4, seed=0,

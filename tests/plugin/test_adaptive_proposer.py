@@ -22,7 +22,7 @@ def test_adaptive_option_defaults_on_and_takes_only_booleans():
 
 
 def test_draft_margin_option_reaches_the_controller(tiny_drafter):
-    from tests.vllm.test_options import _proposer
+    from tests.plugin.test_options import _proposer
 
     assert _proposer(tiny_drafter, 256, draft_margin=0.25).adaptive.margin == 0.25
     assert SpecDiffConfig().draft_margin == DRAFT_MARGIN
@@ -36,7 +36,7 @@ def test_draft_margin_option_reaches_the_controller(tiny_drafter):
 
 
 def test_refill_ratio_option_pins_the_controller_and_is_checked(tiny_drafter):
-    from tests.vllm.test_options import _proposer
+    from tests.plugin.test_options import _proposer
 
     assert _proposer(tiny_drafter, 256, refill_ratio=0.25).adaptive.refill_ratio() == 0.25
     assert _proposer(tiny_drafter, 256).adaptive.pinned_refill is None
@@ -57,7 +57,7 @@ def test_proposer_feeds_the_controller_and_skips_the_drafter(tiny_drafter, monke
     draft); a prefill step (a new row) is not a verifier sample."""
     import numpy as np
 
-    from tests.vllm.test_options import _proposer
+    from tests.plugin.test_options import _proposer
 
     plans = iter([Plan(4), Plan(0), Plan(0), Plan(0, probe_rows=1, probe_gamma=4), Plan(0)])
     monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, *args, **kwargs: next(plans))
@@ -95,7 +95,7 @@ def _three_rows_planned_by(plan: Callable, tiny_drafter, monkeypatch) -> tuple:
     committed lengths (10, 20, 30) to call it with."""
     import numpy as np
 
-    from tests.vllm.test_options import _proposer
+    from tests.plugin.test_options import _proposer
 
     monkeypatch.setattr(AdaptiveDrafting, "plan", plan)
     proposer = _proposer(tiny_drafter, 256, gamma=4)
@@ -152,7 +152,7 @@ def test_rows_with_identical_contexts_each_keep_their_step(tiny_drafter, monkeyp
     the step still counts as decode-only and is timed."""
     import numpy as np
 
-    from tests.vllm.test_options import _proposer
+    from tests.plugin.test_options import _proposer
 
     monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, *args, **kwargs: Plan(4))
     seen = []
@@ -173,7 +173,7 @@ def test_load_model_warms_the_drafter_up_and_leaves_no_trace(tiny_drafter, monke
     generator: the first real drafts equal those of a proposer that skipped the warm-up."""
     import numpy as np
 
-    from tests.vllm.test_options import _proposer
+    from tests.plugin.test_options import _proposer
     from vllm_specdiff.drafter.base import Drafter
     from vllm_specdiff.plugin.proposer import SpecDiffProposer
 
@@ -210,7 +210,7 @@ def test_lookup_rows_follow_the_lookup_length_and_report_their_source(tiny_draft
     accepted length reaches the controller flagged as a lookup draft."""
     import numpy as np
 
-    from tests.vllm.test_options import _proposer
+    from tests.plugin.test_options import _proposer
 
     plans = iter([Plan(0, probe_rows=1, probe_gamma=4, lookup_gamma=3), Plan(0, lookup_gamma=2)])
     monkeypatch.setattr(AdaptiveDrafting, "plan", lambda self, *args, **kwargs: next(plans))

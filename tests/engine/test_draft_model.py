@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vllm.tiny_models import LAYERS, word_prompt
+from tests.tiny_models import LAYERS, word_prompt
 
 pytestmark = pytest.mark.vllm
 

@@ -13,7 +13,7 @@ import shutil
 
 import pytest
 
-from tests.vllm.tiny_models import SPECIALS, WORDS, speculative_args
+from tests.tiny_models import SPECIALS, WORDS, speculative_args
 
 pytestmark = pytest.mark.vllm
 
@@ -86,7 +86,7 @@ def test_prompts_on_both_sides_of_the_limit_match_plain(tiny_verifier, short_dra
 def test_propose_shortens_drafts_at_the_limit(short_drafter, max_model_len, window, expected):
     import numpy as np
 
-    from tests.vllm.test_options import _proposer
+    from tests.plugin.test_options import _proposer
 
     options = {} if window is None else {"context_window": window}
     proposer = _proposer(short_drafter, max_model_len, gamma=4, adaptive=False, **options)

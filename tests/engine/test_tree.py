@@ -15,7 +15,7 @@ import gc
 import pytest
 import torch
 
-from tests.vllm.tiny_models import speculative_args, word_prompt
+from tests.tiny_models import speculative_args, word_prompt
 
 pytestmark = pytest.mark.vllm
 
@@ -175,7 +175,7 @@ def test_ngram_candidate_wins_where_the_text_repeats(tmp_path_factory):
     candidate predicts the loop and is chosen; greedy output stays the loop."""
     from vllm import LLM, SamplingParams
 
-    from tests.vllm.tiny_models import write_cycle_verifier, write_tiny_drafter
+    from tests.tiny_models import write_cycle_verifier, write_tiny_drafter
 
     root = tmp_path_factory.mktemp("cycle")
     verifier = write_cycle_verifier(root / "verifier", cycle=list(range(1, 8)))
@@ -223,7 +223,7 @@ SAMPLES = 500
 
 @pytest.fixture(scope="module")
 def small_models(tmp_path_factory):
-    from tests.vllm.tiny_models import write_tiny_drafter, write_tiny_verifier
+    from tests.tiny_models import write_tiny_drafter, write_tiny_verifier
 
     root = tmp_path_factory.mktemp("small")
     verifier = write_tiny_verifier(root / "verifier", seed=3, words=WORDS_SMALL, peak=1.5)

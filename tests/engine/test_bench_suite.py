@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm.tiny_models import word_prompt
+from tests.tiny_models import word_prompt
 from vllm_specdiff.bench.methods import Drafters, engine_args, parse_methods, parse_value
 from vllm_specdiff.bench.suite import Run, identity_failures, summarize
 

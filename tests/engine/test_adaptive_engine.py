@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.vllm.tiny_models import (
+from tests.tiny_models import (
     PREEMPTING_MAX_NUM_SEQS,
     preempting_engine_kwargs,
     speculative_args,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.vllm.tiny_models import (
+from tests.tiny_models import (
     PREEMPTING_MAX_NUM_SEQS,
     preempting_engine_kwargs,
     speculative_args,
