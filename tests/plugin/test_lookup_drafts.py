@@ -74,7 +74,7 @@ def test_a_datastore_drafts_where_lookup_finds_nothing(tiny_drafter, tmp_path):
 
 @pytest.mark.parametrize("options, error", [
     ({"datastore": "missing.safetensors"}, "no file"),
-    ({"candidates": ["argmax", "sample"]}, "needs num_drafts = 1 and 'ngram'"),
+    ({"candidates": ["argmax", "sample"]}, r"\['num_drafts'\] = 1 and 'ngram'"),
 ])
 def test_bad_datastore_options_are_named(tmp_path, options, error):
     from vllm_specdiff.plugin.config import parse_specdiff_config
