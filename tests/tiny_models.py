@@ -63,11 +63,13 @@ def write_tiny_verifier(path: Path, seed: int = 0, words: int = WORDS, peak: flo
     return path
 
 
-def write_cycle_verifier(path: Path, cycle: list[int], seed: int = 0) -> Path:
+def write_cycle_verifier(path: Path, cycle: list[int], seed: int = 0,
+                         layer_scale: float = 0.0) -> Path:
     """A verifier whose greedy next token depends only on the current one: the word ids in
     `cycle` follow each other in a loop (attention and MLP outputs are zeroed, so the logits are
     the current token's embedding against shifted embeddings). Text that reaches the loop
-    repeats forever, so prompt lookup predicts it exactly."""
+    repeats forever, so prompt lookup predicts it exactly. `layer_scale` > 0 keeps that share
+    of the layers' outputs instead: every layer's hidden states then differ."""
     import torch
 
     write_tiny_verifier(path, seed=seed)
@@ -76,8 +78,8 @@ def write_cycle_verifier(path: Path, cycle: list[int], seed: int = 0) -> Path:
     model = LlamaForCausalLM.from_pretrained(str(path)).eval()
     with torch.no_grad():
         for layer in model.model.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
+            layer.self_attn.o_proj.weight.mul_(layer_scale)
+            layer.mlp.down_proj.weight.mul_(layer_scale)
         embed = model.model.embed_tokens.weight
         model.lm_head.weight.zero_()
         ids = [len(SPECIALS) + w for w in cycle]

@@ -144,26 +144,26 @@ def test_engine_args_on_cuda_pick_the_gpu_worker_and_piecewise_graphs(on_cuda):
 
 
 def test_serve_argv_on_cuda_adds_each_flag_unless_given(on_cuda):
-    from vllm_specdiff.commands.serve import tree_worker_argv
+    from vllm_specdiff.commands.serve import worker_argv
     from vllm_specdiff.plugin.config import GPU_TREE_WORKER, parse_specdiff_config
 
     config = parse_specdiff_config({"specdiff": {"num_drafts": 2}}, gamma=4)
-    assert tree_worker_argv(["m"], config) == [
+    assert worker_argv(["m"], config) == [
         "m", "--worker-cls", GPU_TREE_WORKER, "--no-async-scheduling",
         "--compilation-config", '{"cudagraph_mode": "PIECEWISE"}']
     mine = ["m", "--worker-cls=x.W", "--async-scheduling", "-O3"]
-    assert tree_worker_argv(mine, config) == mine
-    assert tree_worker_argv(["m", "-cc.cudagraph_mode=NONE"], config)[-1] == \
+    assert worker_argv(mine, config) == mine
+    assert worker_argv(["m", "-cc.cudagraph_mode=NONE"], config)[-1] == \
         "--no-async-scheduling"
-    assert tree_worker_argv(["m"], parse_specdiff_config(None)) == ["m"]
+    assert worker_argv(["m"], parse_specdiff_config(None)) == ["m"]
 
 
 def test_k_above_one_on_an_unsupported_platform_fails_in_serve_with_a_clear_error():
-    from vllm_specdiff.commands.serve import tree_worker_argv
+    from vllm_specdiff.commands.serve import worker_argv
     from vllm_specdiff.plugin.config import parse_specdiff_config
 
     with pytest.raises(ValueError, match="use num_drafts = 1"):
-        tree_worker_argv(["m"], parse_specdiff_config({"specdiff": {"num_drafts": 2}}, gamma=4),
+        worker_argv(["m"], parse_specdiff_config({"specdiff": {"num_drafts": 2}}, gamma=4),
                          ROCM)
 
 

@@ -75,7 +75,7 @@ def test_bad_tree_option_is_named(section, named):
 
 
 def test_k_above_one_selects_the_tree_worker():
-    from vllm_specdiff.commands.serve import tree_worker_argv
+    from vllm_specdiff.commands.serve import worker_argv
     from vllm_specdiff.plugin.config import CPU_TREE_WORKER, parse_specdiff_config
     from vllm_specdiff.plugin.engine import specdiff_engine_args
 
@@ -85,8 +85,8 @@ def test_k_above_one_selects_the_tree_worker():
     assert "compilation_config" not in args  # CUDA graphs are a CUDA matter
     assert args["additional_config"]["specdiff"]["num_drafts"] == 3
     config = parse_specdiff_config({"specdiff": {"num_drafts": 2}}, gamma=4)
-    assert tree_worker_argv(["m"], config) == ["m", "--worker-cls", CPU_TREE_WORKER,
+    assert worker_argv(["m"], config) == ["m", "--worker-cls", CPU_TREE_WORKER,
                                                "--no-async-scheduling"]
-    assert tree_worker_argv(["m", "--worker-cls", "x.W"], config) == [
+    assert worker_argv(["m", "--worker-cls", "x.W"], config) == [
         "m", "--worker-cls", "x.W", "--no-async-scheduling"]
-    assert tree_worker_argv(["m"], parse_specdiff_config(None)) == ["m"]
+    assert worker_argv(["m"], parse_specdiff_config(None)) == ["m"]

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from vllm_specdiff.commands.common import expand_speculative_model, json_option, option_values
-from vllm_specdiff.plugin.config import SpecDiffConfig, tree_engine_args
+from vllm_specdiff.plugin.config import SpecDiffConfig, worker_engine_args
 from vllm_specdiff.plugin.engine import PROPOSER_PATH
 
 USES_VLLM = True
@@ -70,17 +70,19 @@ def _given(argv: list[str], *names: str) -> bool:
     return any(arg.startswith(names) for arg in argv)
 
 
-def tree_worker_argv(argv: list[str], config: SpecDiffConfig | None,
-                     platform: Any = None) -> list[str]:
-    """num_drafts > 1: the flags of `config.tree_engine_args` for this platform (the tree-verifying
-    worker, async scheduling off; on CUDA piecewise CUDA graphs), each unless the user set it."""
-    if config is None or config.num_drafts == 1:
+def worker_argv(argv: list[str], config: SpecDiffConfig | None,
+                platform: Any = None) -> list[str]:
+    """The flags of `config.worker_engine_args` for this platform, each unless the user set it:
+    a conditioned drafter's feature-capturing worker; for num_drafts > 1 the tree-verifying
+    worker, async scheduling off and, on CUDA, piecewise CUDA graphs."""
+    extra = {} if config is None else worker_engine_args(config, platform)
+    if not extra:
         return argv
-    extra = tree_engine_args(platform)
     argv = list(argv)
     if not _given(argv, "--worker-cls"):
         argv += ["--worker-cls", extra["worker_cls"]]
-    if not _given(argv, "--async-scheduling", "--no-async-scheduling"):
+    if "async_scheduling" in extra \
+            and not _given(argv, "--async-scheduling", "--no-async-scheduling"):
         argv.append("--no-async-scheduling")
     if "compilation_config" in extra and not _given(argv, "--compilation-config", "-cc", "-O"):
         argv += ["--compilation-config", json.dumps(extra["compilation_config"])]
@@ -164,7 +166,7 @@ def serve(argv: list[str]) -> int:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = DEFAULT_CPU_KV_CACHE_GIB
     with vllm_metadata_alias():  # vLLM's platform detection reads the metadata too
         try:
-            argv = tree_worker_argv(argv, config)
+            argv = worker_argv(argv, config)
         except ValueError as e:
             print(f"vllm-specdiff serve: error: {e}", file=sys.stderr)
             return 2

@@ -15,13 +15,15 @@ from .base import Drafter
 from .block_causal import MODEL_TYPE as BLOCK_CAUSAL_TYPE
 from .block_causal import BlockCausalDrafter
 from .checkpoint import parse_dtype, read_config, tensor_shapes, weight_files
+from .conditioned import MODEL_TYPE as CONDITIONED_TYPE
+from .conditioned import ConditionedDrafter
 from .dream import DREAM_TYPES, DreamDrafter
 from .llada import LLADA_TYPES, LLaDADrafter
 from .lora import check_adapter_dir, check_adapter_fits, merge_lora
 from .quantize import quantize_drafter, resolve_quantize
 from .vocab import D2T_FILE, apply_reduced_vocab, check_tokenizer_match, load_d2t
 
-KNOWN_TYPES = (BLOCK_CAUSAL_TYPE, *DREAM_TYPES, *LLADA_TYPES)
+KNOWN_TYPES = (BLOCK_CAUSAL_TYPE, CONDITIONED_TYPE, *DREAM_TYPES, *LLADA_TYPES)
 
 
 def check_drafter_dir(path: str | Path) -> dict:
@@ -51,7 +53,8 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
                  dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
                  context_window: int | None = None, verifier_vocab_size: int | None = None,
                  cache_size: int = 64, verifier_tokenizer: object = None,
-                 cache_bytes: int | None = None, quantize: str = "none") -> Drafter:
+                 cache_bytes: int | None = None, quantize: str = "none",
+                 verifier: str | Path | None = None) -> Drafter:
     """Load a drafter directory (config.json + safetensors), offline, without remote code.
 
     lora: a PEFT adapter directory merged into the weights at load time.
@@ -65,6 +68,8 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
       none elsewhere); see drafter/quantize.py.
     verifier_tokenizer: the verifier's tokenizer (directory or object with get_vocab()); when
       given, every verifier token must have the same id in the drafter directory's tokenizer.
+    verifier: the verifier's directory, for a drafter that shares its embedding and head
+      (`specdiff_conditioned`: those tensors are not stored in the drafter directory).
     """
     cfg = check_drafter_dir(path)
     if lora is not None:
@@ -77,6 +82,9 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
         raise ValueError(f"context_window must be a positive int or None, got {context_window!r}")
     # With an adapter, merge in float32 first, then cast (a bf16 merge would round twice).
     load_dtype = torch.float32 if lora is not None else dtype
+    if model_type == CONDITIONED_TYPE:
+        return _load_conditioned(path, verifier, lora, dtype, device, verifier_vocab_size,
+                                 verifier_tokenizer)
     if model_type == BLOCK_CAUSAL_TYPE:
         drafter: Drafter = BlockCausalDrafter.from_pretrained(
             path, dtype=load_dtype, cache_size=cache_size, context_window=context_window,
@@ -101,6 +109,25 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     drafter.to(device=device, dtype=dtype)
     drafter.model.reset_rotary()
     return quantize_drafter(drafter.eval(), quantize)
+
+
+def _load_conditioned(path: str | Path, verifier: str | Path | None, lora: object,
+                      dtype: torch.dtype, device: str, verifier_vocab_size: int | None,
+                      verifier_tokenizer: object) -> Drafter:
+    """A verifier-conditioned drafter: its trained tensors plus the verifier's embedding and
+    head. It is not quantised (its layers are a small share of a drafting step)."""
+    if verifier is None:
+        raise ValueError(f"{str(path)!r} is a {CONDITIONED_TYPE} drafter, which shares the "
+                         "verifier's embedding and head: pass verifier=VERIFIER_DIR")
+    if lora is not None:
+        raise ValueError(f"{CONDITIONED_TYPE} drafters take no LoRA adapter (train them fully)")
+    drafter = ConditionedDrafter.from_pretrained(path, verifier)
+    if verifier_vocab_size is not None and drafter.vocab_size < verifier_vocab_size:
+        raise ValueError(f"vocab mismatch: the drafter covers {drafter.vocab_size} ids but the "
+                         f"verifier has {verifier_vocab_size}")
+    if verifier_tokenizer is not None:
+        check_tokenizer_match(path, verifier_tokenizer, verifier_vocab_size)
+    return drafter.to(device=device, dtype=dtype).eval()
 
 
 def set_verifier_vocab(drafter: Drafter, verifier_vocab_size: int) -> None:

@@ -33,6 +33,10 @@ SELECTIONS = ("tau", "tree")
 DEFAULT_MAX_TREE_TOKENS = 17
 CPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner.SpecDiffCPUWorker"
 GPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner_gpu.SpecDiffGPUWorker"
+# a drafter that reads the verifier's hidden states needs the worker that captures them
+CPU_CONDITIONED_WORKER = "vllm_specdiff.plugin.conditioned_runner.SpecDiffConditionedCPUWorker"
+GPU_CONDITIONED_WORKER = \
+    "vllm_specdiff.plugin.conditioned_runner_gpu.SpecDiffConditionedGPUWorker"
 # CUDA: the tree rows are recomputed around each attention call, so attention must stay out of
 # CUDA graphs (piecewise graphs keep it between the pieces).
 TREE_CUDA_COMPILATION_CONFIG = {"cudagraph_mode": "PIECEWISE"}
@@ -302,6 +306,41 @@ def tree_engine_args(platform: Any = None) -> dict[str, Any]:
     return args
 
 
+def reads_verifier(drafter: str | None) -> bool:
+    """Whether a drafter directory reads the verifier's hidden states (`specdiff_conditioned`)."""
+    from vllm_specdiff.drafter.conditioned import MODEL_TYPE
+
+    if drafter is None:
+        return False
+    try:
+        return json.loads((Path(drafter) / "config.json").read_text()).get("model_type") \
+            == MODEL_TYPE
+    except (OSError, ValueError):
+        return False  # check_paths names what is wrong with the directory
+
+
+def conditioned_worker(platform: Any = None) -> str:
+    """worker_cls for a drafter that reads the verifier, on this vLLM platform."""
+    if platform is None:
+        from vllm.platforms import current_platform as platform
+    if platform.is_cpu():
+        return CPU_CONDITIONED_WORKER
+    if platform.is_cuda():
+        return GPU_CONDITIONED_WORKER
+    raise ValueError(f"a conditioned {_opt('drafter')} supports vLLM's CPU and CUDA platforms, "
+                     f"not {getattr(platform, 'device_name', platform)!r}")
+
+
+def worker_engine_args(config: SpecDiffConfig, platform: Any = None) -> dict[str, Any]:
+    """The engine arguments these settings need beyond the two dicts: the feature-capturing
+    worker for a conditioned drafter, the tree-verifying one for num_drafts > 1, else none."""
+    if reads_verifier(config.drafter):
+        return {"worker_cls": conditioned_worker(platform)}
+    if config.num_drafts > 1:
+        return tree_engine_args(platform)
+    return {}
+
+
 def max_spec_len() -> int:
     """The most draft tokens per step vLLM's rejection sampler handles (read from vLLM: a
     larger num_speculative_tokens starts, then fails an assertion on the first request)."""
@@ -375,6 +414,9 @@ def _check_together(c: SpecDiffConfig, gamma: int | None, given: dict[str, str])
     if gamma is not None and c.steps > gamma:
         raise ValueError(f"{_opt('steps')}={c.steps} exceeds num_speculative_tokens={gamma}")
     check_paths(c.drafter, c.lora)
+    if reads_verifier(c.drafter) and (c.num_drafts > 1 or c.lora is not None):
+        raise ValueError(f"a conditioned {_opt('drafter')} (one that reads the verifier's "
+                         f"hidden states) is served with {k} = 1 and no {_opt('lora')} so far")
     if c.candidates[0] != "argmax":
         raise ValueError(f"{_opt('candidates')} must start with 'argmax' (candidate 0 is the "
                          f"argmax draft), got {list(c.candidates)!r}")

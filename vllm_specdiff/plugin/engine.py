@@ -20,7 +20,7 @@ from vllm_specdiff.plugin.config import (
     canonical_section,
     check_num_speculative_tokens,
     parse_specdiff_config,
-    tree_engine_args,
+    worker_engine_args,
 )
 
 __all__ = ["DEFAULT_GAMMA", "PROPOSER_PATH", "specdiff_engine_args", "specdiff_stats"]
@@ -35,10 +35,10 @@ def specdiff_engine_args(num_speculative_tokens: int = DEFAULT_GAMMA,
     options are the drafter settings of `SpecDiffConfig` (the names in `config.OPTIONS`,
     docs/options.md; the old keyword `K` is a deprecated alias of `num_drafts`); they are
     validated here, so a bad option fails before the engine starts, and the section returned
-    names each by its current name. num_drafts > 1 also selects the tree-verifying worker of
-    this platform
-    (`worker_cls`, `config.tree_worker`), turns async scheduling off and, on CUDA, keeps
-    attention out of CUDA graphs (`compilation_config`): `config.tree_engine_args`.
+    names each by its current name. A drafter that reads the verifier's hidden states selects
+    the worker that captures them; num_drafts > 1 selects the tree-verifying worker of this
+    platform, turns async scheduling off and, on CUDA, keeps attention out of CUDA graphs
+    (`compilation_config`): `config.worker_engine_args`.
     """
     check_num_speculative_tokens(num_speculative_tokens)
     section = canonical_section({k: v for k, v in options.items() if v is not None})[0]
@@ -48,8 +48,9 @@ def specdiff_engine_args(num_speculative_tokens: int = DEFAULT_GAMMA,
                                "num_speculative_tokens": num_speculative_tokens},
         "additional_config": {SECTION: section},
     }
-    if config.num_drafts > 1:  # K candidates are verified as a trie by our worker; K = 1 needs none
-        args.update(tree_engine_args())
+    # a conditioned drafter needs the worker that captures the verifier's states; K candidates
+    # are verified as a trie by our worker; otherwise vLLM's own worker serves
+    args.update(worker_engine_args(config))
     return args
 
 

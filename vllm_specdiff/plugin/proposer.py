@@ -31,11 +31,14 @@ from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
 from vllm_specdiff.core.candidates import candidate_drafts, lookup_continuations, ngram_draft
 from vllm_specdiff.core.datastore import Datastore
 from vllm_specdiff.core.trie import RequestTrie, build_request_trie
+from vllm_specdiff.drafter.conditioned_state import DEFAULT_CACHE_BYTES, ConditionedContextCache
 from vllm_specdiff.plugin.config import (
     SpecDiffConfig,
     check_drafter_for,
     check_num_speculative_tokens,
+    conditioned_worker,
     parse_specdiff_config,
+    reads_verifier,
     tree_worker,
 )
 from vllm_specdiff.plugin.proposer_adaptive import AdaptiveLengths
@@ -44,6 +47,7 @@ from vllm_specdiff.plugin.proposer_stats import ProposerStats, specdiff_logger
 from vllm_specdiff.plugin.vllm_plugin import install_vllm_fixes
 
 WARM_UP_CONTEXT = 32  # tokens of the start-up draft's dummy context
+WARM_UP_ID = "specdiff-warm-up"  # its request id in a conditioned drafter's context cache
 
 
 def verifier_tokenizer(model_config: Any) -> Any:
@@ -128,6 +132,12 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         self.tau_chosen = 0.0
         self.tau_all = 0.0
         self.tree_walks = self.tree_walks_several = 0  # selection "tree": walked steps
+        # A drafter that reads the verifier (conditioned_runner.py): the runner marks itself
+        # (feature_runner), captures `feature_taps` and feeds each request's committed states.
+        self.feature_runner = False
+        self.feature_taps: tuple[int, ...] = ()
+        self.contexts: ConditionedContextCache | None = None
+        self._row_requests: list[str] = []
 
     # ---- vLLM interface -------------------------------------------------------------------------
     def load_model(self, target_model: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -151,12 +161,28 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
 
             path = str(prepare_drafter())
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+        conditioned = reads_verifier(path)
+        if conditioned and not self.feature_runner:
+            worker = conditioned_worker()
+            raise ValueError(f"the drafter {path} reads the verifier's hidden states and needs "
+                             f"the worker that captures them: add worker_cls={worker!r} "
+                             f"(--worker-cls {worker}; specdiff_engine_args and vllm-specdiff "
+                             "serve/generate/bench add it)")
         self.drafter = load_drafter(
             path, lora=self.config.lora, dtype=dtype, device=device,
             context_window=self.config.context_window,
             verifier_vocab_size=self.verifier_vocab_size, cache_size=self.cache_size,
             verifier_tokenizer=verifier_tokenizer(self.model_config),
-            cache_bytes=self.config.cache_bytes, quantize=self.config.quantize)
+            cache_bytes=self.config.cache_bytes, quantize=self.config.quantize,
+            verifier=str(self.model_config.model))
+        if conditioned and self.gamma > self.drafter.cfg.gamma:
+            raise ValueError(f"num_speculative_tokens = {self.gamma} exceeds the block of the "
+                             f"conditioned drafter {path} ({self.drafter.cfg.gamma} draft "
+                             "tokens per forward)")
+        if conditioned:
+            self.contexts = ConditionedContextCache(
+                self.drafter, self.config.cache_bytes or DEFAULT_CACHE_BYTES)
+            self.feature_taps = tuple(self.drafter.cfg.target_layer_ids)
         self._check_positions()
         self._warm_up()
         self.drafter_path = path
@@ -175,8 +201,15 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
                               dtype=torch.long)
         start = time.perf_counter()
         with torch.inference_mode():
-            self.drafter.draft_logits([context], self.gamma,
-                                      steps=min(self.config.steps, self.gamma))
+            if self.contexts is not None:
+                features = torch.zeros(context.shape[0], self.drafter.cfg.feature_size)
+                self.contexts.extend(WARM_UP_ID, features, 0)
+                self.contexts.block_logits([WARM_UP_ID], context[-1:])
+                self.contexts.drop(WARM_UP_ID)
+                self.contexts.restarts = 0
+            else:
+                self.drafter.draft_logits([context], self.gamma,
+                                          steps=min(self.config.steps, self.gamma))
         self.drafter.clear_cache()  # the dummy context must not sit in the KV pool
         specdiff_logger().debug("SpecDiff drafter warm-up: %.0f ms",
                                 1000 * (time.perf_counter() - start))
@@ -261,7 +294,8 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         if rows:
             allowed = [self.tree_rows is None or bool(self.tree_rows[r.index]) for r, _ in rows]
             contexts = [torch.from_numpy(np.asarray(r.context, dtype=np.int64)) for r, _ in rows]
-            tokens, tries = self._draft(contexts, [n for _, n in rows], allowed)
+            tokens, tries = self._draft(contexts, [n for _, n in rows], allowed,
+                                        [r.index for r, _ in rows])
             for (row, n), draft, trie in zip(rows, tokens, tries, strict=True):
                 drafts[row.index] = draft
                 self.last_tries[row.index] = trie
@@ -307,8 +341,8 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
                 out[row.index] = continuation
         return out, retrieved
 
-    def _draft(self, contexts: list[torch.Tensor], lengths: list[int], allowed: list[bool]
-               ) -> tuple[list[list[int]], list[RequestTrie | None]]:
+    def _draft(self, contexts: list[torch.Tensor], lengths: list[int], allowed: list[bool],
+               indices: list[int]) -> tuple[list[list[int]], list[RequestTrie | None]]:
         """The drafter's `lengths[j]` draft tokens for context j. Rows near the position limit
         get shorter drafts than gamma; the drafter runs once per distinct length (once, away
         from it). With K > 1 a full-length row the runner allows (`allowed[j]`) gets a trie of K
@@ -317,8 +351,12 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         tries: list[RequestTrie | None] = [None] * len(contexts)
         for length in sorted(set(lengths), reverse=True):
             group = [j for j, n in enumerate(lengths) if n == length]
-            logits = self.drafter.draft_logits([contexts[j] for j in group], length,
-                                               steps=min(self.config.steps, length))
+            if self.contexts is not None:
+                logits = self._conditioned_logits([contexts[j] for j in group],
+                                                  [indices[j] for j in group], length)
+            else:
+                logits = self.drafter.draft_logits([contexts[j] for j in group], length,
+                                                   steps=min(self.config.steps, length))
             if self.config.num_drafts > 1:
                 self._tree_drafts(logits, group, contexts, allowed, out, tries)
                 continue
@@ -331,6 +369,35 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
             for j, draft in zip(group, tokens, strict=True):
                 out[j] = draft
         return out, tries
+
+    # ---- a drafter that reads the verifier -----------------------------------------------------
+    def observe_features(self, updates: list[tuple[str, torch.Tensor, int]],
+                         req_ids: list[str], finished: Any = ()) -> None:
+        """From the runner, after a verifier step: each request's newly committed positions'
+        tapped states (features, first position), the batch's request ids by row, and the
+        requests that finished (their contexts are dropped)."""
+        if self.contexts is None:
+            return
+        for req_id in finished or ():
+            self.contexts.drop(req_id)
+        for req_id, features, first in updates:
+            self.contexts.extend(req_id, features, first)
+        self._row_requests = list(req_ids)
+
+    def _conditioned_logits(self, contexts: list[torch.Tensor], indices: list[int],
+                            length: int) -> torch.Tensor:
+        """[B, length, V] over the verifier's vocabulary, one block per row, from each request's
+        cached context; the anchor (the last committed token) sits right after it."""
+        assert self.contexts is not None
+        req_ids = [self._row_requests[i] for i in indices]
+        for req_id, context in zip(req_ids, contexts, strict=True):
+            entry = self.contexts.entries.get(req_id)
+            if entry is None or entry.end != context.shape[0] - 1:  # out of step: start anew
+                self.contexts.extend(req_id, torch.zeros(0, self.drafter.cfg.feature_size),
+                                     context.shape[0] - 1)
+        anchors = torch.tensor([int(c[-1]) for c in contexts])
+        logits = self.contexts.block_logits(req_ids, anchors)[:, :length]
+        return self.drafter.to_verifier_vocab(logits.float())
 
     def _tree_drafts(self, logits: torch.Tensor, group: list[int], contexts: list[torch.Tensor],
                      allowed: list[bool], out: list[list[int]], tries: list[RequestTrie | None]

@@ -73,6 +73,10 @@ class ProposerStats:
             "drafted_tokens": self.stats.drafted_tokens,
             "adaptive": adaptive,
         }
+        contexts = getattr(self, "contexts", None)
+        if contexts is not None:  # a drafter that reads the verifier: its context store
+            out["context_restarts"] = contexts.restarts
+            out["context_bytes"] = contexts.nbytes
         if self.config.num_drafts > 1:
             steps = self.tree_stats.steps
             out["tree"] = {**self.tree_stats.to_dict(),

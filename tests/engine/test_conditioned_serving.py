@@ -1,0 +1,196 @@
+"""A verifier-conditioned drafter served two ways, losslessly and with the same acceptance:
+by the plugin (its feature-capturing worker) and, exported with `--format dflash`, by vLLM's own
+`dflash` method.
+
+A briefly trained conditioned drafter for a tiny verifier decodes greedily, batch 1, fixed gamma.
+Both servers' outputs must equal plain decoding, and both accepted-token counts must equal a
+pure-torch speculative decode with the same drafter (`ConditionedDrafter` + the verifier in
+transformers): an error in the export, the tap indexing (vLLM captures tap L before layer L + 1),
+the rows of committed tokens or the context positions would change the drafts, hence the counts.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from vllm_specdiff.drafter.conditioned import ConditionedDrafter
+from vllm_specdiff_training.export import ExportConfig, run_export
+from vllm_specdiff_training.features import TapModel
+from vllm_specdiff_training.generate import GenerateConfig, run_generate
+from vllm_specdiff_training.trainer import TrainConfig, run_train
+
+from ..tiny_models import write_cycle_verifier
+
+GAMMA, MAX_TOKENS = 4, 24
+
+
+@pytest.fixture(scope="module")
+def cycle_verifier(tmp_path_factory):
+    """Greedy text that mostly settles into a 20-word loop (learnable, so acceptance is not
+    zero), with layers whose outputs differ (so a tap one layer off reads other states)."""
+    return write_cycle_verifier(tmp_path_factory.mktemp("cycle") / "verifier",
+                                cycle=list(range(10, 30)), layer_scale=0.5)
+
+
+@pytest.fixture(scope="module")
+def exported(cycle_verifier, tmp_path_factory):
+    tiny_verifier = cycle_verifier
+    work = tmp_path_factory.mktemp("dflash")
+    prompts = work / "prompts.jsonl"
+    gen = torch.Generator().manual_seed(0)
+    prompts.write_text("".join(json.dumps(
+        " ".join(f"w{int(t)}" for t in torch.randint(0, 300, (6,), generator=gen))) + "\n"
+        for _ in range(48)))
+    run_generate(GenerateConfig(verifier=str(tiny_verifier), prompts=str(prompts),
+                                output=str(work / "data"), num_samples=1, temperature=0.0,
+                                max_new_tokens=32, chunk_size=16, backend="transformers",
+                                chat_template=False))
+    summary = run_train(TrainConfig(
+        data=str(work / "data"), output=str(work / "run"), init_from=str(tiny_verifier),
+        arch="conditioned", num_layers=1, num_taps=1, gamma=GAMMA, finetune="full",
+        loss="ce-decay", steps=120, lr=1e-2, warmup_steps=5, schedule="constant",
+        batch_size=8, windows_per_seq=8, heldout_fraction=0.1, save_every=120))
+    out = work / "dflash"
+    run_export(ExportConfig(run=str(work / "run"), verifier=str(tiny_verifier),
+                            output=str(out), format="dflash"))
+    drafter = ConditionedDrafter.from_pretrained(summary["model"], tiny_verifier).eval()
+    return out, drafter, summary["model"]
+
+
+PROMPTS = [[5 + (7 * i + 3 * j) % 300 for j in range(8)] for i in range(4)]
+
+
+@pytest.fixture(scope="module")
+def reference(cycle_verifier, exported):
+    """(greedy outputs, accepted draft tokens) of the plain-torch speculative decode."""
+    runs = [reference_accepted(cycle_verifier, exported[1], p, MAX_TOKENS) for p in PROMPTS]
+    return [r[0] for r in runs], sum(r[1] for r in runs)
+
+
+def _decode(llm, params) -> tuple[list[list[int]], int]:
+    """Batch 1, as the reference decodes: outputs and vLLM's accepted-token counter."""
+    got = [list(llm.generate([{"prompt_token_ids": p}], params)[0].outputs[0].token_ids)
+           for p in PROMPTS]
+    metrics = {m.name: m for m in llm.get_metrics()}
+    return got, int(metrics["vllm:spec_decode_num_accepted_tokens"].value)
+
+
+def _common(verifier) -> dict:
+    return dict(model=str(verifier), dtype="float32", max_model_len=256,
+                kv_cache_memory_bytes=2_000_000, enforce_eager=True, seed=0,
+                disable_log_stats=False)
+
+
+@torch.no_grad()
+def reference_accepted(verifier_dir, drafter: ConditionedDrafter, prompt: list[int],
+                       max_tokens: int) -> tuple[list[int], int]:
+    """Greedy speculative decoding in plain torch: (output ids, accepted draft tokens)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(verifier_dir)).eval()
+    taps = TapModel(verifier_dir, drafter.cfg.target_layer_ids)
+    ids = list(prompt)
+    ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    accepted = 0
+    while len(ids) - len(prompt) < max_tokens:
+        seq = torch.tensor([ids])
+        start = torch.tensor([[len(ids)]])  # first draft position; anchor = the last token
+        logits = drafter.window_logits(seq, start, GAMMA, taps(seq))[0, 0]
+        draft = logits.argmax(-1)
+        if drafter.draft_to_verifier is not None:
+            draft = drafter.draft_to_verifier[draft]
+        verify = model(torch.tensor([ids + draft.tolist()])).logits[0, len(ids) - 1:]
+        target = verify.argmax(-1).tolist()
+        n = 0
+        while n < GAMMA and draft[n] == target[n]:
+            n += 1
+        accepted += n
+        ids += draft[:n].tolist() + [target[n]]
+    return ids[len(prompt):len(prompt) + max_tokens], accepted
+
+
+def test_plain_decoding_is_what_the_reference_decodes(cycle_verifier, reference):
+    from vllm import LLM, SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    plain = LLM(**{**_common(cycle_verifier), "disable_log_stats": True})
+    expected = [list(o.outputs[0].token_ids) for o in plain.generate(
+        [{"prompt_token_ids": p} for p in PROMPTS], params)]
+    assert expected == reference[0]
+    assert reference[1] > 0  # trained: acceptance is not trivially zero
+
+
+def test_vllm_dflash_serves_the_export_losslessly_with_the_same_acceptance(cycle_verifier,
+                                                                          exported, reference):
+    from vllm import LLM, SamplingParams
+
+    out = exported[0]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    spec = LLM(**_common(cycle_verifier), speculative_config={
+        "method": "dflash", "model": str(out), "num_speculative_tokens": GAMMA})
+    got, accepted = _decode(spec, params)
+    assert got == reference[0]
+    assert accepted == reference[1]
+    del spec
+
+    # negative control: the same export with the mask embedding dropped drafts differently,
+    # and the count shows it
+    broken = out.parent / "broken"
+    shutil.copytree(out, broken)
+    (broken / "mask_embedding.pt").unlink()
+    spec = LLM(**_common(cycle_verifier), speculative_config={
+        "method": "dflash", "model": str(broken), "num_speculative_tokens": GAMMA})
+    assert _decode(spec, params)[1] != reference[1]
+
+
+def test_the_plugin_serves_the_drafter_with_vllm_dflash_acceptance(cycle_verifier, exported,
+                                                                   reference):
+    from vllm import LLM, SamplingParams
+
+    from vllm_specdiff.plugin.config import CPU_CONDITIONED_WORKER
+    from vllm_specdiff.plugin.engine import specdiff_engine_args, specdiff_stats
+
+    args = specdiff_engine_args(GAMMA, drafter=exported[2], adaptive=False,
+                                candidates=["argmax", "sample"], log_interval=0)
+    assert args["worker_cls"] == CPU_CONDITIONED_WORKER
+    llm = LLM(**_common(cycle_verifier), **args)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    got, accepted = _decode(llm, params)
+    assert got == reference[0]
+    assert accepted == reference[1]  # = vLLM's dflash on the export (the test above)
+    proposer = specdiff_stats(llm)["proposer"]
+    assert proposer["context_restarts"] == 0  # every step's positions followed the last
+
+
+def test_a_tap_one_layer_off_accepts_differently(cycle_verifier, exported, reference,
+                                                monkeypatch):
+    """Negative control of the tap indexing: capturing before layer L (vLLM's aux id L, Hugging
+    Face's hidden_states[L]) instead of L + 1 changes the accepted count."""
+    from vllm import LLM, SamplingParams
+
+    from vllm_specdiff.plugin import conditioned_runner
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+
+    monkeypatch.setattr(conditioned_runner, "AUX_LAYER_OFFSET", 0)
+    args = specdiff_engine_args(GAMMA, drafter=exported[2], adaptive=False,
+                                candidates=["argmax", "sample"], log_interval=0)
+    llm = LLM(**_common(cycle_verifier), **args)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    got, accepted = _decode(llm, params)
+    assert got == reference[0]  # still lossless
+    assert accepted != reference[1]
+
+
+def test_the_plugin_refuses_a_conditioned_drafter_without_its_worker(cycle_verifier, exported):
+    from vllm import LLM
+
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+
+    args = specdiff_engine_args(GAMMA, drafter=exported[2], log_interval=0)
+    del args["worker_cls"]
+    with pytest.raises(Exception, match="needs the worker that captures them"):
+        LLM(**_common(cycle_verifier), **args)

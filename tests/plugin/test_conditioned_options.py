@@ -1,0 +1,57 @@
+"""A drafter that reads the verifier: the worker it needs, its settings, its committed rows."""
+
+import numpy as np
+import pytest
+
+from tests.drafter.checkpoints import write_causal_lm
+
+
+@pytest.fixture(scope="module")
+def conditioned_dir(tmp_path_factory):
+    from vllm_specdiff.drafter.conditioned import ConditionedConfig, ConditionedDrafter
+
+    verifier = tmp_path_factory.mktemp("v")
+    write_causal_lm(verifier, vocab=96, layers=3)
+    cfg = ConditionedConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8, intermediate_size=64, vocab_size=96,
+                            target_layer_ids=(0, 1), verifier_num_layers=3, block_size=5)
+    out = tmp_path_factory.mktemp("conditioned")
+    ConditionedDrafter.from_verifier(verifier, cfg).save_pretrained(out)
+    return str(out)
+
+
+def test_a_conditioned_drafter_selects_the_feature_capturing_worker(conditioned_dir):
+    from vllm_specdiff.commands.serve import worker_argv
+    from vllm_specdiff.plugin.config import (
+        CPU_CONDITIONED_WORKER,
+        parse_specdiff_config,
+        reads_verifier,
+    )
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+
+    assert reads_verifier(conditioned_dir) and not reads_verifier(None)
+    args = specdiff_engine_args(4, drafter=conditioned_dir)
+    assert args["worker_cls"] == CPU_CONDITIONED_WORKER
+    assert "async_scheduling" not in args  # nothing else changes for K = 1
+    config = parse_specdiff_config({"specdiff": {"drafter": conditioned_dir}}, gamma=4)
+    assert worker_argv(["m"], config) == ["m", "--worker-cls", CPU_CONDITIONED_WORKER]
+    assert worker_argv(["m", "--worker-cls", "x.W"], config) == ["m", "--worker-cls", "x.W"]
+
+
+def test_a_conditioned_drafter_is_served_with_one_draft(conditioned_dir):
+    from vllm_specdiff.plugin.config import parse_specdiff_config
+
+    with pytest.raises(ValueError, match="a conditioned .* is served with .*num_drafts.* = 1"):
+        parse_specdiff_config({"specdiff": {"drafter": conditioned_dir, "num_drafts": 2,
+                                            "drafter_temperature": 1.0}}, gamma=4)
+
+
+def test_committed_rows_keep_prefill_chunks_and_accepted_drafts_only():
+    from vllm_specdiff.plugin.conditioned_runner import committed_rows
+
+    # request 0: a prefill chunk of 5 (nothing sampled yet); 1: last prompt chunk of 3, one
+    # token sampled; 2: a decode step with 4 drafts, 2 accepted (3 sampled); 3: all 4 rejected
+    query_start = np.array([0, 5, 8, 13, 18])
+    sampled = [[], [7], [1, 2, 3], [9]]
+    assert committed_rows(query_start, sampled, [0, 0, 4, 4]) == [5, 3, 3, 1]
+    assert committed_rows(query_start[:3], sampled[:2], None) == [5, 3]
