@@ -25,7 +25,6 @@ import torch
 from vllm.v1.worker.cpu_model_runner import CPUModelRunner
 from vllm.v1.worker.cpu_worker import CPUWorker
 
-
 # vLLM records the residual stream *before* the layer index it is given: DFlash's tap L (the
 # output of layer L, Hugging Face's hidden_states[L + 1]) is vLLM's auxiliary layer L + 1.
 AUX_LAYER_OFFSET = 1
