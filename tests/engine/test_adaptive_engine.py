@@ -150,7 +150,7 @@ def test_tries_with_skipped_steps_keep_greedy_outputs(plain_outputs, tiny_verifi
     and the trie steps are verified (adaptive with K > 1 chooses only 0 or the full trie)."""
     from vllm import LLM
 
-    from vllm_specdiff.plugin.config import CPU_TREE_WORKER
+    from vllm_specdiff.plugin.workers import CPU_TREE_WORKER
 
     pattern = [Plan(0), Plan(ENGINE_GAMMA), Plan(0, probe_rows=1, probe_gamma=ENGINE_GAMMA),
                Plan(0), Plan(ENGINE_GAMMA), Plan(ENGINE_GAMMA)]

@@ -109,7 +109,7 @@ def test_bad_options_fail_before_any_engine(options, message, word_prompts, tiny
 
 
 def test_method_specs_become_engine_arguments():
-    from vllm_specdiff.plugin.config import tree_worker
+    from vllm_specdiff.plugin.workers import tree_worker
 
     methods = parse_methods("specdiff2-k4:drafter_temperature=1.5:gamma=4,ngram", 8)
     assert [m.label for m in methods] == ["plain", "specdiff2-k4:drafter_temperature=1.5:gamma=4",

@@ -151,8 +151,8 @@ def test_the_plugin_serves_the_drafter_with_vllm_dflash_acceptance(cycle_verifie
                                                                    reference):
     from vllm import LLM, SamplingParams
 
-    from vllm_specdiff.plugin.config import CPU_CONDITIONED_WORKER
     from vllm_specdiff.plugin.engine import specdiff_engine_args, specdiff_stats
+    from vllm_specdiff.plugin.workers import CPU_CONDITIONED_WORKER
 
     args = specdiff_engine_args(GAMMA, drafter=exported[2], adaptive=False,
                                 candidates=["argmax", "sample"], log_interval=0)
@@ -194,3 +194,32 @@ def test_the_plugin_refuses_a_conditioned_drafter_without_its_worker(cycle_verif
     del args["worker_cls"]
     with pytest.raises(Exception, match="needs the worker that captures them"):
         LLM(**_common(cycle_verifier), **args)
+
+
+def test_chunked_prefill_and_the_defaults_keep_every_position(cycle_verifier, exported):
+    """A 40-token prompt prefilled in chunks of 16 feeds the context piece by piece: the plugin
+    still accepts what the reference does, with no restart; with the defaults (adaptive
+    drafting, prompt lookup) the output stays plain decoding's."""
+    from vllm import LLM, SamplingParams
+
+    from vllm_specdiff.plugin.engine import specdiff_engine_args, specdiff_stats
+
+    prompt = [5 + (11 * j) % 300 for j in range(40)]
+    want, accepted = reference_accepted(cycle_verifier, exported[1], prompt, MAX_TOKENS)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    chunked = {**_common(cycle_verifier), "enable_chunked_prefill": True,
+               "max_num_batched_tokens": 16, "enable_prefix_caching": False}
+    llm = LLM(**chunked, **specdiff_engine_args(GAMMA, drafter=exported[2], adaptive=False,
+                                                candidates=["argmax", "sample"],
+                                                log_interval=0))
+    out = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
+    metrics = {m.name: m for m in llm.get_metrics()}
+    assert list(out) == want
+    assert int(metrics["vllm:spec_decode_num_accepted_tokens"].value) == accepted
+    assert specdiff_stats(llm)["proposer"]["context_restarts"] == 0
+    del llm
+    llm = LLM(**_common(cycle_verifier),
+              **specdiff_engine_args(GAMMA, drafter=exported[2], log_interval=0))
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    assert [list(o.outputs[0].token_ids) for o in outs] == \
+        [reference_accepted(cycle_verifier, exported[1], p, MAX_TOKENS)[0] for p in PROMPTS]

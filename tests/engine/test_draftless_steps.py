@@ -170,7 +170,7 @@ def test_the_tree_runner_passes_draftless_steps_to_the_fix(tiny_verifier, tiny_d
     sampler."""
     from vllm import LLM
 
-    from vllm_specdiff.plugin.config import CPU_TREE_WORKER
+    from vllm_specdiff.plugin.workers import CPU_TREE_WORKER
 
     tree = LLM(**_engine_kwargs(tiny_verifier), worker_cls=CPU_TREE_WORKER,
                async_scheduling=False,

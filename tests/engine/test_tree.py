@@ -33,7 +33,7 @@ def _engine_kwargs(model, **overrides) -> dict:
 def _tree_args(drafter, gamma: int, k: int, adaptive: bool = False, **options) -> dict:
     """Fixed gamma by default: these tests check the tries themselves, and adaptive drafting
     would skip most of them on the tiny models (test_adaptive_engine.py covers it with K > 1)."""
-    from vllm_specdiff.plugin.config import CPU_TREE_WORKER
+    from vllm_specdiff.plugin.workers import CPU_TREE_WORKER
 
     args = speculative_args(drafter, gamma=gamma, num_drafts=k, drafter_temperature=1.5,
                             max_tree_tokens=k * gamma + 1, adaptive=adaptive, **options)

@@ -22,12 +22,9 @@ def conditioned_dir(tmp_path_factory):
 
 def test_a_conditioned_drafter_selects_the_feature_capturing_worker(conditioned_dir):
     from vllm_specdiff.commands.serve import worker_argv
-    from vllm_specdiff.plugin.config import (
-        CPU_CONDITIONED_WORKER,
-        parse_specdiff_config,
-        reads_verifier,
-    )
+    from vllm_specdiff.plugin.config import parse_specdiff_config
     from vllm_specdiff.plugin.engine import specdiff_engine_args
+    from vllm_specdiff.plugin.workers import CPU_CONDITIONED_WORKER, reads_verifier
 
     assert reads_verifier(conditioned_dir) and not reads_verifier(None)
     args = specdiff_engine_args(4, drafter=conditioned_dir)

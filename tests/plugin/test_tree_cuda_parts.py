@@ -48,9 +48,9 @@ def test_gpu_runner_puts_the_mixin_first_and_overrides_the_hook():
 def test_worker_names_resolve_to_the_worker_classes():
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    from vllm_specdiff.plugin.config import CPU_TREE_WORKER, GPU_TREE_WORKER
     from vllm_specdiff.plugin.tree_runner import SpecDiffCPUWorker
     from vllm_specdiff.plugin.tree_runner_gpu import SpecDiffGPUWorker
+    from vllm_specdiff.plugin.workers import CPU_TREE_WORKER, GPU_TREE_WORKER
 
     assert resolve_obj_by_qualname(CPU_TREE_WORKER) is SpecDiffCPUWorker
     assert resolve_obj_by_qualname(GPU_TREE_WORKER) is SpecDiffGPUWorker
@@ -107,7 +107,7 @@ def test_gpu_runner_refuses_micro_batching_and_decode_context_parallelism():
 
 # ---- the worker per platform --------------------------------------------------------------------
 def test_tree_worker_is_chosen_by_platform():
-    from vllm_specdiff.plugin.config import (
+    from vllm_specdiff.plugin.workers import (
         CPU_TREE_WORKER,
         GPU_TREE_WORKER,
         tree_engine_args,
@@ -134,8 +134,8 @@ def on_cuda(monkeypatch):
 
 
 def test_engine_args_on_cuda_pick_the_gpu_worker_and_piecewise_graphs(on_cuda):
-    from vllm_specdiff.plugin.config import GPU_TREE_WORKER
     from vllm_specdiff.plugin.engine import specdiff_engine_args
+    from vllm_specdiff.plugin.workers import GPU_TREE_WORKER
 
     args = specdiff_engine_args(4, num_drafts=2, drafter_temperature=1.5)
     assert args["worker_cls"] == GPU_TREE_WORKER and args["async_scheduling"] is False
@@ -145,7 +145,8 @@ def test_engine_args_on_cuda_pick_the_gpu_worker_and_piecewise_graphs(on_cuda):
 
 def test_serve_argv_on_cuda_adds_each_flag_unless_given(on_cuda):
     from vllm_specdiff.commands.serve import worker_argv
-    from vllm_specdiff.plugin.config import GPU_TREE_WORKER, parse_specdiff_config
+    from vllm_specdiff.plugin.config import parse_specdiff_config
+    from vllm_specdiff.plugin.workers import GPU_TREE_WORKER
 
     config = parse_specdiff_config({"specdiff": {"num_drafts": 2}}, gamma=4)
     assert worker_argv(["m"], config) == [

@@ -76,8 +76,9 @@ def test_bad_tree_option_is_named(section, named):
 
 def test_k_above_one_selects_the_tree_worker():
     from vllm_specdiff.commands.serve import worker_argv
-    from vllm_specdiff.plugin.config import CPU_TREE_WORKER, parse_specdiff_config
+    from vllm_specdiff.plugin.config import parse_specdiff_config
     from vllm_specdiff.plugin.engine import specdiff_engine_args
+    from vllm_specdiff.plugin.workers import CPU_TREE_WORKER
 
     assert "worker_cls" not in specdiff_engine_args(4)  # K = 1: vLLM's own worker and path
     args = specdiff_engine_args(4, num_drafts=3, drafter_temperature=1.5)

@@ -26,8 +26,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from vllm_specdiff.commands.common import expand_speculative_model, json_option, option_values
-from vllm_specdiff.plugin.config import SpecDiffConfig, worker_engine_args
+from vllm_specdiff.plugin.config import SpecDiffConfig
 from vllm_specdiff.plugin.engine import PROPOSER_PATH
+from vllm_specdiff.plugin.workers import worker_engine_args
 
 USES_VLLM = True
 DEFAULT_CPU_KV_CACHE_GIB = "1"

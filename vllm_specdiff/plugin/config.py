@@ -24,6 +24,7 @@ from typing import Any
 from vllm_specdiff.adaptive import DRAFT_MARGIN
 from vllm_specdiff.core import DEFAULT_GAMMA
 from vllm_specdiff.drafter.quantize import QUANTIZE_MODES
+from vllm_specdiff.plugin.workers import reads_verifier
 
 __all__ = ["DEFAULT_GAMMA", "OPTIONS", "SECTION", "SpecDiffConfig", "parse_specdiff_config"]
 
@@ -31,15 +32,6 @@ SECTION = "specdiff"
 CANDIDATE_SOURCES = ("argmax", "sample", "ngram")
 SELECTIONS = ("tau", "tree")
 DEFAULT_MAX_TREE_TOKENS = 17
-CPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner.SpecDiffCPUWorker"
-GPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner_gpu.SpecDiffGPUWorker"
-# a drafter that reads the verifier's hidden states needs the worker that captures them
-CPU_CONDITIONED_WORKER = "vllm_specdiff.plugin.conditioned_runner.SpecDiffConditionedCPUWorker"
-GPU_CONDITIONED_WORKER = \
-    "vllm_specdiff.plugin.conditioned_runner_gpu.SpecDiffConditionedGPUWorker"
-# CUDA: the tree rows are recomputed around each attention call, so attention must stay out of
-# CUDA graphs (piecewise graphs keep it between the pieces).
-TREE_CUDA_COMPILATION_CONFIG = {"cudagraph_mode": "PIECEWISE"}
 
 
 @dataclass(frozen=True)
@@ -279,66 +271,6 @@ def canonical_section(section: dict[str, Any]) -> tuple[dict[str, Any], dict[str
                           stacklevel=3)
         out[name], given[name] = value, key
     return out, given
-
-
-def tree_worker(platform: Any = None) -> str:
-    """worker_cls for num_drafts > 1 on this vLLM platform (default: vLLM's current one): the
-    one place that decides, for `specdiff_engine_args`, `vllm-specdiff serve/generate` and the
-    errors."""
-    if platform is None:
-        from vllm.platforms import current_platform as platform
-    if platform.is_cpu():
-        return CPU_TREE_WORKER
-    if platform.is_cuda():
-        return GPU_TREE_WORKER
-    raise ValueError(f"{_opt('num_drafts')} > 1 (tree verification) supports vLLM's CPU and "
-                     f"CUDA platforms, not {getattr(platform, 'device_name', platform)!r}; "
-                     "use num_drafts = 1")
-
-
-def tree_engine_args(platform: Any = None) -> dict[str, Any]:
-    """The engine arguments num_drafts > 1 needs on this platform: the tree-verifying worker,
-    async scheduling off and, on CUDA, attention outside CUDA graphs."""
-    worker = tree_worker(platform)
-    args: dict[str, Any] = {"worker_cls": worker, "async_scheduling": False}
-    if worker == GPU_TREE_WORKER:
-        args["compilation_config"] = dict(TREE_CUDA_COMPILATION_CONFIG)
-    return args
-
-
-def reads_verifier(drafter: str | None) -> bool:
-    """Whether a drafter directory reads the verifier's hidden states (`specdiff_conditioned`)."""
-    from vllm_specdiff.drafter.conditioned import MODEL_TYPE
-
-    if drafter is None:
-        return False
-    try:
-        return json.loads((Path(drafter) / "config.json").read_text()).get("model_type") \
-            == MODEL_TYPE
-    except (OSError, ValueError):
-        return False  # check_paths names what is wrong with the directory
-
-
-def conditioned_worker(platform: Any = None) -> str:
-    """worker_cls for a drafter that reads the verifier, on this vLLM platform."""
-    if platform is None:
-        from vllm.platforms import current_platform as platform
-    if platform.is_cpu():
-        return CPU_CONDITIONED_WORKER
-    if platform.is_cuda():
-        return GPU_CONDITIONED_WORKER
-    raise ValueError(f"a conditioned {_opt('drafter')} supports vLLM's CPU and CUDA platforms, "
-                     f"not {getattr(platform, 'device_name', platform)!r}")
-
-
-def worker_engine_args(config: SpecDiffConfig, platform: Any = None) -> dict[str, Any]:
-    """The engine arguments these settings need beyond the two dicts: the feature-capturing
-    worker for a conditioned drafter, the tree-verifying one for num_drafts > 1, else none."""
-    if reads_verifier(config.drafter):
-        return {"worker_cls": conditioned_worker(platform)}
-    if config.num_drafts > 1:
-        return tree_engine_args(platform)
-    return {}
 
 
 def max_spec_len() -> int:

@@ -20,8 +20,8 @@ from vllm_specdiff.plugin.config import (
     canonical_section,
     check_num_speculative_tokens,
     parse_specdiff_config,
-    worker_engine_args,
 )
+from vllm_specdiff.plugin.workers import worker_engine_args
 
 __all__ = ["DEFAULT_GAMMA", "PROPOSER_PATH", "specdiff_engine_args", "specdiff_stats"]
 

@@ -36,15 +36,13 @@ from vllm_specdiff.plugin.config import (
     SpecDiffConfig,
     check_drafter_for,
     check_num_speculative_tokens,
-    conditioned_worker,
     parse_specdiff_config,
-    reads_verifier,
-    tree_worker,
 )
 from vllm_specdiff.plugin.proposer_adaptive import AdaptiveLengths
 from vllm_specdiff.plugin.proposer_rows import Pending, Row, signature
 from vllm_specdiff.plugin.proposer_stats import ProposerStats, specdiff_logger
 from vllm_specdiff.plugin.vllm_plugin import install_vllm_fixes
+from vllm_specdiff.plugin.workers import conditioned_worker, reads_verifier, tree_worker
 
 WARM_UP_CONTEXT = 32  # tokens of the start-up draft's dummy context
 WARM_UP_ID = "specdiff-warm-up"  # its request id in a conditioned drafter's context cache
