@@ -9,6 +9,11 @@
 #     features   verifier features (taps 1, 14, 27) of every shard that exists
 #     design-a   DFlash design: a new 2-layer drafter reading the features through KV injection
 #     design-b   the shipped block-causal drafter plus zero-initialised feature injection
+#     continue   design a on all the data (completion and general corpus), from the shipped
+#                conditioned drafter (a new machine keeps only the repository), or resumed
+#     export     ship the newest run's latest checkpoint (continue, else design-a) into
+#                vllm_specdiff/assets/conditioned_drafter, and its vLLM `dflash` export to
+#                $CACHE/drafters/conditioned-dflash
 # design-a and design-b are the equal-budget comparison of issue 39 item 5: same data, same
 # held-out windows (the trainer's per-prompt split), one thread each, curves against CPU seconds.
 #
@@ -52,5 +57,19 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
     train "${COMMON[@]}" --output "$CACHE/runs/conditioned-b" --arch injected \
       --drafter "$STANDALONE" --verifier "$V" --num-taps 3 \
       --freeze-params 'embed_tokens,layers\.0\.,lm_head' --loss streak --lr 3e-4 ;;
-  *) echo "usage: $0 data|design-data|features|design-a|design-b" >&2; exit 2 ;;
+  continue)
+    all="$CACHE/data/greedy-complete,$CACHE/data/greedy"
+    start=()
+    [ -d "$CACHE/runs/conditioned-continued/checkpoints" ] \
+      || start=(--drafter "$ROOT/vllm_specdiff/assets/conditioned_drafter")
+    train "${COMMON[@]}" --data "$all" --output "$CACHE/runs/conditioned-continued" \
+      --arch conditioned --init-from "$V" "${start[@]}" --loss ce-decay --lr 6e-4 ;;
+  export)
+    run="$CACHE/runs/conditioned-continued"
+    [ -d "$run/checkpoints" ] || run="$CACHE/runs/conditioned-a"
+    "$BIN/specdiff-distill" export --run "$run" --verifier "$V" \
+      --output "$ROOT/vllm_specdiff/assets/conditioned_drafter"
+    "$BIN/specdiff-distill" export --run "$run" --verifier "$V" --format dflash \
+      --output "$CACHE/drafters/conditioned-dflash" ;;
+  *) echo "usage: $0 data|design-data|features|design-a|design-b|continue|export" >&2; exit 2 ;;
 esac

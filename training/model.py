@@ -85,6 +85,18 @@ def conditioned_taps(verifier: str, num_taps: int) -> tuple[int, ...]:
     return spread_taps(int(read_config(verifier)["num_hidden_layers"]), num_taps)
 
 
+def config_taps(cfg: dict) -> tuple[int, ...]:
+    """The verifier layers a `train` config's drafter reads: those of the conditioned drafter it
+    starts from, else `num_taps` spread over the verifier (none for token-only drafters)."""
+    from vllm_specdiff.drafter.checkpoint import read_config
+
+    arch = cfg.get("arch", "block-causal")
+    if arch == "conditioned" and cfg.get("drafter"):
+        return tuple(read_config(cfg["drafter"])["target_layer_ids"])
+    source = {"conditioned": cfg.get("init_from"), "injected": cfg.get("verifier")}.get(arch)
+    return conditioned_taps(source, cfg["num_taps"]) if source else ()
+
+
 def build_conditioned(verifier: str, num_layers: int, taps: tuple[int, ...], gamma: int,
                       draft_vocab: str | None, seed: int) -> nn.Module:
     """A new verifier-conditioned drafter: random layers, the verifier's embedding and head."""
@@ -106,7 +118,15 @@ def build_for_arch(cfg: dict, draft_vocab: str | None) -> tuple[nn.Module, tuple
     token-only block-causal drafter): one place for `train` and for rebuilding checkpoints."""
     arch = cfg.get("arch", "block-causal")
     source = {"conditioned": cfg.get("init_from"), "injected": cfg.get("verifier")}.get(arch)
-    taps = conditioned_taps(source, cfg["num_taps"]) if source else ()
+    taps = config_taps(cfg)
+    if arch == "conditioned" and cfg.get("drafter"):  # trained weights, e.g. a shipped drafter
+        from vllm_specdiff.drafter.conditioned import ConditionedDrafter
+
+        drafter = ConditionedDrafter.from_pretrained(cfg["drafter"], source).float()
+        if drafter.cfg.gamma != cfg["gamma"]:
+            raise ValueError(f"--drafter {cfg['drafter']} drafts {drafter.cfg.gamma} tokens per "
+                             f"block: train it with --gamma {drafter.cfg.gamma}")
+        return drafter, tuple(drafter.cfg.target_layer_ids)
     if arch == "conditioned":
         return build_conditioned(source, cfg["num_layers"], taps, cfg["gamma"], draft_vocab,
                                  cfg["seed"]), taps

@@ -41,7 +41,7 @@ from .model import (
     WindowModel,
     add_lora,
     build_for_arch,
-    conditioned_taps,
+    config_taps,
     enable_gradient_checkpointing,
     load_trainable_state,
     save_adapter,
@@ -155,9 +155,13 @@ class TrainConfig:
                 raise ValueError("--arch injected adds verifier features to the block-causal "
                                  "drafter given by --drafter; name the verifier with --verifier")
             return
-        if self.init_from is None or self.drafter is not None:
-            raise ValueError("--arch conditioned builds a new drafter for the verifier given "
-                             "by --init-from (its embedding, head and features)")
+        if self.init_from is None:
+            raise ValueError("--arch conditioned reads the verifier given by --init-from (its "
+                             "embedding, head and features); --drafter DIR starts from a "
+                             "trained conditioned drafter instead of new layers")
+        if self.drafter is not None and (self.draft_vocab or self.draft_vocab_size):
+            raise ValueError("--arch conditioned --drafter keeps that drafter's head: drop "
+                             "--draft-vocab / --draft-vocab-size")
         if self.objective != "diffusion" or self.finetune != "full" or self.init_lora:
             raise ValueError("--arch conditioned trains with --objective diffusion, "
                              "--finetune full and no --init-lora")
@@ -278,8 +282,7 @@ class Trainer:
         data = load_sequences(Path(cfg.data))
         check_data_tokenizer(data.meta, cfg)
         if cfg.feature_source is not None:
-            attach_features(data, cfg.feature_source,
-                            conditioned_taps(cfg.feature_source, cfg.num_taps),
+            attach_features(data, cfg.feature_source, config_taps(asdict(cfg)),
                             str(self.accelerator.device))
         if cfg.loss in SOFT_LOSSES and not data.has_soft_targets:
             raise ValueError(f"--loss {cfg.loss} needs soft targets: regenerate the data with "

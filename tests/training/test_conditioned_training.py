@@ -84,6 +84,15 @@ def test_conditioned_run_learns_resumes_and_rebuilds_from_its_checkpoint(tmp_pat
             long.drafter.eval().window_logits(batch.input_ids, batch.starts, GAMMA,
                                               batch.features), rtol=0.02, atol=0.05)
 
+    # a later stage starts from the shipped drafter (a new machine keeps only the repository)
+    more = Trainer(_cfg(greedy_data, tmp_path / "more", verifier3, steps=62,
+                        drafter=str(tmp_path / "shipped")))
+    assert more.heldout_measures()["heldout_expected_streak"] == pytest.approx(
+        summary["heldout_expected_streak"], abs=0.02)
+    with pytest.raises(ValueError, match="keeps that drafter's head"):
+        _cfg(greedy_data, tmp_path, verifier3, drafter=str(tmp_path / "shipped"),
+             draft_vocab_size=8).validate()
+
     # stopped at step 3 and resumed: the same weights as a run that never stopped
     Trainer(_cfg(greedy_data, tmp_path / "r", verifier3, steps=3)).run()
     resumed = Trainer(_cfg(greedy_data, tmp_path / "r", verifier3))
