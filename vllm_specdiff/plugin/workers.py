@@ -33,19 +33,22 @@ NUM_DRAFTS = "additional_config['specdiff']['num_drafts']"  # the options, as er
 DRAFTER = "additional_config['specdiff']['drafter']"
 
 
-def tree_worker(platform: Any = None) -> str:
-    """worker_cls for num_drafts > 1 on this vLLM platform (default: vLLM's current one): the
-    one place that decides, for `specdiff_engine_args`, `vllm-specdiff serve/generate` and the
-    errors."""
+def _for_platform(platform: Any, cpu: str, cuda: str, what: str) -> str:
+    """The worker of this vLLM platform (default: vLLM's current one), or why there is none."""
     if platform is None:
         from vllm.platforms import current_platform as platform
     if platform.is_cpu():
-        return CPU_TREE_WORKER
+        return cpu
     if platform.is_cuda():
-        return GPU_TREE_WORKER
-    raise ValueError(f"{NUM_DRAFTS} > 1 (tree verification) supports vLLM's CPU and CUDA "
-                     f"platforms, not {getattr(platform, 'device_name', platform)!r}; "
-                     "use num_drafts = 1")
+        return cuda
+    raise ValueError(f"{what} supports vLLM's CPU and CUDA platforms, not "
+                     f"{getattr(platform, 'device_name', platform)!r}")
+
+
+def tree_worker(platform: Any = None) -> str:
+    """worker_cls for num_drafts > 1 on this vLLM platform."""
+    return _for_platform(platform, CPU_TREE_WORKER, GPU_TREE_WORKER,
+                         f"{NUM_DRAFTS} > 1 (tree verification; use num_drafts = 1 elsewhere)")
 
 
 def tree_engine_args(platform: Any = None) -> dict[str, Any]:
@@ -73,14 +76,8 @@ def reads_verifier(drafter: str | None) -> bool:
 
 def conditioned_worker(platform: Any = None) -> str:
     """worker_cls for a drafter that reads the verifier, on this vLLM platform."""
-    if platform is None:
-        from vllm.platforms import current_platform as platform
-    if platform.is_cpu():
-        return CPU_CONDITIONED_WORKER
-    if platform.is_cuda():
-        return GPU_CONDITIONED_WORKER
-    raise ValueError(f"a conditioned {DRAFTER} supports vLLM's CPU and CUDA platforms, not "
-                     f"{getattr(platform, 'device_name', platform)!r}")
+    return _for_platform(platform, CPU_CONDITIONED_WORKER, GPU_CONDITIONED_WORKER,
+                         f"a conditioned {DRAFTER}")
 
 
 def worker_engine_args(config: WorkerSettings, platform: Any = None) -> dict[str, Any]:
