@@ -9,6 +9,9 @@
 #     features   verifier features (taps 1, 14, 27) of every shard that exists
 #     design-a   DFlash design: a new 2-layer drafter reading the features through KV injection
 #     design-b   the shipped block-causal drafter plus zero-initialised feature injection
+#     losses STEP  the loss comparison of issue 39 item 3: from design-a's checkpoint STEP
+#                (exported), 150 steps each of ce-decay, streak and position-avg, same data,
+#                learning rate and held-out windows, side by side
 #     continue   design a on all the data (completion and general corpus), from the shipped
 #                conditioned drafter (a new machine keeps only the repository), or resumed
 #     export     ship the newest run's latest checkpoint (continue, else design-a) into
@@ -57,6 +60,17 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
     train "${COMMON[@]}" --output "$CACHE/runs/conditioned-b" --arch injected \
       --drafter "$STANDALONE" --verifier "$V" --num-taps 3 \
       --freeze-params 'embed_tokens,layers\.0\.,lm_head' --loss streak --lr 3e-4 ;;
+  losses)
+    step="${2:?usage: $0 losses STEP}"
+    start="$CACHE/drafters/loss-start-$step"
+    "$BIN/specdiff-distill" export --run "$CACHE/runs/conditioned-a/checkpoints/step-$(printf %07d "$step")" \
+      --verifier "$V" --output "$start"
+    for loss in ce-decay streak position-avg; do
+      train "${COMMON[@]}" --output "$CACHE/runs/losses-from-a-$loss" --arch conditioned \
+        --init-from "$V" --drafter "$start" --steps 150 --warmup-steps 0 --loss "$loss" \
+        --lr 6e-4 &
+    done
+    wait ;;
   continue)
     all="$CACHE/data/greedy-complete,$CACHE/data/greedy"
     start=()
@@ -71,5 +85,6 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
       --output "$ROOT/vllm_specdiff/assets/conditioned_drafter"
     "$BIN/specdiff-distill" export --run "$run" --verifier "$V" --format dflash \
       --output "$CACHE/drafters/conditioned-dflash" ;;
-  *) echo "usage: $0 data|design-data|features|design-a|design-b|continue|export" >&2; exit 2 ;;
+  *) echo "usage: $0 data|design-data|features|design-a|design-b|losses STEP|continue|export" >&2
+     exit 2 ;;
 esac

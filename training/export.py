@@ -172,8 +172,8 @@ def _export_conditioned(cfg: ExportConfig, drafter: ConditionedDrafter, out: Pat
                          "trained (train --draft-vocab-size)")
     if cfg.format == "dflash":
         return export_dflash(drafter, cfg.verifier, out)
-    drafter.save_pretrained(out, dtype=torch.float16)  # shipped: half the bytes
-    copy_tokenizer_files(cfg.verifier, out)
+    # shipped: float16, and no tokenizer files (the verifier's own are used)
+    drafter.save_pretrained(out, dtype=torch.float16)
     return {"output": str(out), "format": "specdiff", "model_type": drafter.cfg.model_type}
 
 

@@ -21,7 +21,7 @@ from .dream import DREAM_TYPES, DreamDrafter
 from .llada import LLADA_TYPES, LLaDADrafter
 from .lora import check_adapter_dir, check_adapter_fits, merge_lora
 from .quantize import quantize_drafter, resolve_quantize
-from .vocab import D2T_FILE, apply_reduced_vocab, check_tokenizer_match, load_d2t
+from .vocab import D2T_FILE, apply_reduced_vocab, check_tokenizer_match, load_d2t, read_vocab
 
 KNOWN_TYPES = (BLOCK_CAUSAL_TYPE, CONDITIONED_TYPE, *DREAM_TYPES, *LLADA_TYPES)
 
@@ -115,7 +115,8 @@ def _load_conditioned(path: str | Path, verifier: str | Path | None, lora: objec
                       dtype: torch.dtype, device: str, verifier_vocab_size: int | None,
                       verifier_tokenizer: object) -> Drafter:
     """A verifier-conditioned drafter: its trained tensors plus the verifier's embedding and
-    head. It is not quantised (its layers are a small share of a drafting step)."""
+    head. It is not quantised (its layers are a small share of a drafting step). Its tokenizer
+    is the verifier's own; tokenizer files beside it (a training run's output) are checked."""
     if verifier is None:
         raise ValueError(f"{str(path)!r} is a {CONDITIONED_TYPE} drafter, which shares the "
                          "verifier's embedding and head: pass verifier=VERIFIER_DIR")
@@ -125,7 +126,7 @@ def _load_conditioned(path: str | Path, verifier: str | Path | None, lora: objec
     if verifier_vocab_size is not None and drafter.vocab_size < verifier_vocab_size:
         raise ValueError(f"vocab mismatch: the drafter covers {drafter.vocab_size} ids but the "
                          f"verifier has {verifier_vocab_size}")
-    if verifier_tokenizer is not None:
+    if verifier_tokenizer is not None and read_vocab(path) is not None:
         check_tokenizer_match(path, verifier_tokenizer, verifier_vocab_size)
     return drafter.to(device=device, dtype=dtype).eval()
 
