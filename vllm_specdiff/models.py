@@ -27,6 +27,9 @@ VERIFIER_NAME = "SmolLM2-135M-Instruct"
 # The shipped default drafter (trained by `specdiff-distill`, see its MODEL_CARD.md) is a slim
 # checkpoint: only the tensors the verifier cannot rebuild (drafter/slim.py).
 SHIPPED_DRAFTER = Path(__file__).parent / "assets" / "default_drafter"
+# the verifier-conditioned drafter in training (not the default yet): load it with
+# load_drafter(CONDITIONED_DRAFTER, verifier=prepare_verifier())
+CONDITIONED_DRAFTER = Path(__file__).parent / "assets" / "conditioned_drafter"
 # Without it: the untrained drafter from the verifier's first layers (block-causal MDM).
 DEFAULT_DRAFTER_LAYERS = 4
 DRAFTER_NAME = f"{VERIFIER_NAME}-blockcausal-L{DEFAULT_DRAFTER_LAYERS}"
