@@ -42,7 +42,7 @@ from .data import (
     split_heldout,
     tokenizer_fingerprint,
 )
-from .features import attach_features, feature_taps
+from .features import attach_features
 from .losses import Targets, expected_streak_of, greedy_accepted_of, hard_log_accept
 from .model import drafter_from_checkpoint
 from .windows import VocabMap, eval_windows, make_batch
@@ -183,7 +183,7 @@ class Evaluator:
             drafter = ConditionedDrafter.from_pretrained(cand.drafter, cfg.verifier).eval()
         else:
             drafter = load_drafter(cand.drafter, lora=cand.lora, cache_size=0)
-        taps = feature_taps(drafter)
+        taps = getattr(drafter, "feature_taps", ())  # an AR drafter has none
         if taps and self.full.meta.get("_taps") != taps:  # teacher-forced verifier features
             attach_features(self.full, cfg.verifier, taps)
             self.full.meta["_taps"] = taps

@@ -23,15 +23,6 @@ from .data import SequenceData, data_dirs
 log = logging.getLogger(__name__)
 
 
-def feature_taps(drafter: torch.nn.Module) -> tuple[int, ...]:
-    """The verifier layers a drafter reads (none for a drafter of token ids only)."""
-    cfg = getattr(drafter, "cfg", None)
-    if cfg is not None and hasattr(cfg, "target_layer_ids"):
-        return tuple(cfg.target_layer_ids)
-    injection = getattr(drafter, "injection", None)
-    return tuple(injection.target_layer_ids) if injection is not None else ()
-
-
 def features_dir(data_dir: Path, taps: tuple[int, ...]) -> Path:
     return Path(data_dir) / ("features-L" + "-".join(str(t) for t in taps))
 

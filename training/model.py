@@ -85,15 +85,21 @@ def conditioned_taps(verifier: str, num_taps: int) -> tuple[int, ...]:
     return spread_taps(int(read_config(verifier)["num_hidden_layers"]), num_taps)
 
 
+def feature_source(cfg: dict) -> str | None:
+    """The verifier whose hidden states a `train` config's drafter reads (None: token ids
+    only): --init-from for a conditioned drafter, --verifier for an injected one."""
+    arch = cfg.get("arch", "block-causal")
+    return {"conditioned": cfg.get("init_from"), "injected": cfg.get("verifier")}.get(arch)
+
+
 def config_taps(cfg: dict) -> tuple[int, ...]:
     """The verifier layers a `train` config's drafter reads: those of the conditioned drafter it
     starts from, else `num_taps` spread over the verifier (none for token-only drafters)."""
     from vllm_specdiff.drafter.checkpoint import read_config
 
-    arch = cfg.get("arch", "block-causal")
-    if arch == "conditioned" and cfg.get("drafter"):
+    if cfg.get("arch") == "conditioned" and cfg.get("drafter"):
         return tuple(read_config(cfg["drafter"])["target_layer_ids"])
-    source = {"conditioned": cfg.get("init_from"), "injected": cfg.get("verifier")}.get(arch)
+    source = feature_source(cfg)
     return conditioned_taps(source, cfg["num_taps"]) if source else ()
 
 
@@ -113,28 +119,26 @@ def build_conditioned(verifier: str, num_layers: int, taps: tuple[int, ...], gam
     return ConditionedDrafter.from_verifier(verifier, cfg, seed, d2t)
 
 
-def build_for_arch(cfg: dict, draft_vocab: str | None) -> tuple[nn.Module, tuple[int, ...]]:
-    """The drafter a `train` config starts from, and the verifier taps it reads (none for the
-    token-only block-causal drafter): one place for `train` and for rebuilding checkpoints."""
+def build_for_arch(cfg: dict, draft_vocab: str | None) -> nn.Module:
+    """The drafter a `train` config starts from: one place for `train` and for rebuilding
+    checkpoints."""
     arch = cfg.get("arch", "block-causal")
-    source = {"conditioned": cfg.get("init_from"), "injected": cfg.get("verifier")}.get(arch)
-    taps = config_taps(cfg)
     if arch == "conditioned" and cfg.get("drafter"):  # trained weights, e.g. a shipped drafter
         from vllm_specdiff.drafter.conditioned import ConditionedDrafter
 
-        drafter = ConditionedDrafter.from_pretrained(cfg["drafter"], source).float()
+        drafter = ConditionedDrafter.from_pretrained(cfg["drafter"], feature_source(cfg))
         if drafter.cfg.gamma != cfg["gamma"]:
             raise ValueError(f"--drafter {cfg['drafter']} drafts {drafter.cfg.gamma} tokens per "
                              f"block: train it with --gamma {drafter.cfg.gamma}")
-        return drafter, tuple(drafter.cfg.target_layer_ids)
+        return drafter
     if arch == "conditioned":
-        return build_conditioned(source, cfg["num_layers"], taps, cfg["gamma"], draft_vocab,
-                                 cfg["seed"]), taps
+        return build_conditioned(feature_source(cfg), cfg["num_layers"], config_taps(cfg),
+                                 cfg["gamma"], draft_vocab, cfg["seed"])
     drafter = build_drafter(cfg["drafter"], cfg["init_from"], cfg["num_layers"], draft_vocab,
                             cfg["init_lora"], cfg.get("objective", "diffusion"))
     if arch == "injected":
-        drafter.add_injection(taps)
-    return drafter, taps
+        drafter.add_injection(config_taps(cfg))
+    return drafter
 
 
 def add_lora(drafter: Drafter, rank: int, alpha: float, dropout: float,
@@ -235,7 +239,7 @@ def drafter_from_checkpoint(path: Path) -> Drafter | CausalLMDrafter:
     draft_vocab = cfg["draft_vocab"]
     if cfg.get("draft_vocab_size") and draft_vocab is None:  # built by the run: out/d2t.safetensors
         draft_vocab = str(path.parent.parent / DATA_VOCAB_FILE)
-    drafter, _ = build_for_arch(cfg, draft_vocab)
+    drafter = build_for_arch(cfg, draft_vocab)
     if cfg["finetune"] == "lora":
         add_lora(drafter, cfg["lora_rank"], cfg["lora_alpha"], 0.0, cfg["lora_targets"])
     load_trainable_state(drafter, load_file(str(path / "trainable.safetensors")))

@@ -43,6 +43,7 @@ from .model import (
     build_for_arch,
     config_taps,
     enable_gradient_checkpointing,
+    feature_source,
     load_trainable_state,
     save_adapter,
     save_full,
@@ -166,11 +167,6 @@ class TrainConfig:
             raise ValueError("--arch conditioned trains with --objective diffusion, "
                              "--finetune full and no --init-lora")
 
-    @property
-    def feature_source(self) -> str | None:
-        """The verifier whose hidden states the drafter reads (None: token ids only)."""
-        return {"conditioned": self.init_from, "injected": self.verifier}.get(self.arch)
-
     def _validate_objective(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"--objective must be {' or '.join(OBJECTIVES)}, "
@@ -281,9 +277,9 @@ class Trainer:
                                        cpu=not torch.cuda.is_available())
         data = load_sequences(Path(cfg.data))
         check_data_tokenizer(data.meta, cfg)
-        if cfg.feature_source is not None:
-            attach_features(data, cfg.feature_source, config_taps(asdict(cfg)),
-                            str(self.accelerator.device))
+        source = feature_source(asdict(cfg))
+        if source is not None:
+            attach_features(data, source, config_taps(asdict(cfg)), str(self.accelerator.device))
         if cfg.loss in SOFT_LOSSES and not data.has_soft_targets:
             raise ValueError(f"--loss {cfg.loss} needs soft targets: regenerate the data with "
                              f"`generate --top-logprobs K`")
@@ -295,7 +291,7 @@ class Trainer:
         if cfg.draft_vocab_size is not None:
             draft_vocab = str(ensure_data_vocab(self.out, self.train_data, cfg.draft_vocab_size,
                                                 cfg.tokenizer or cfg.init_from))
-        self.drafter, _ = build_for_arch(asdict(cfg), draft_vocab)
+        self.drafter = build_for_arch(asdict(cfg), draft_vocab)
         # ar: the batch also holds the targets' prefixes, and no mask block is run
         self.lookahead = cfg.gamma - 1 if cfg.objective == "ar" else 0
         self.block_tokens = 0 if cfg.objective == "ar" else cfg.gamma

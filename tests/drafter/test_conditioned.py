@@ -136,7 +136,7 @@ def test_incremental_context_drafts_as_the_teacher_forced_window(drafter):
         for lo, hi in zip(pieces, pieces[1:], strict=False):
             cache.extend(f"r{r}", feats[0, lo:hi], lo)
     anchors = torch.tensor([ids[0, n - 1] for (ids, _), n in zip(seqs, lengths, strict=True)])
-    got = cache.block_logits(["r0", "r1"], anchors)
+    got = cache.block_logits(["r0", "r1"], anchors, [n - 1 for n in lengths])
     for r, ((ids, feats), n) in enumerate(zip(seqs, lengths, strict=True)):
         want = drafter.window_logits(ids[:, :n], torch.tensor([[n]]), 4, feats[:, :n])[0, 0]
         torch.testing.assert_close(got[r], want, rtol=1e-5, atol=1e-5)
@@ -153,11 +153,15 @@ def test_context_cache_is_bounded_and_restarts_a_request_it_dropped(drafter):
     one = cache.nbytes
     cache.max_bytes = one + one // 2  # room for one request and a half
     cache.extend("b", feats[0, :10], 0)
-    cache.block_logits(["b"], ids[0, 10:11])  # drafting "b" evicts the idle "a"
+    cache.block_logits(["b"], ids[0, 10:11], [10])  # drafting "b" evicts the idle "a"
     assert list(cache.entries) == ["b"] and cache.nbytes <= cache.max_bytes
     cache.extend("a", feats[0, 10:12], 10)  # "a" comes back mid-sequence: a new, short entry
     assert cache.restarts == 1 and cache.entries["a"].start == 10
-    logits = cache.block_logits(["a"], ids[0, 12:13])
-    assert torch.isfinite(logits).all()
+    logits = cache.block_logits(["a"], ids[0, 12:13], [12])
+    assert torch.isfinite(logits).all() and cache.restarts == 1
+    # a request drafted out of step with its context (or never fed) drafts from an empty one
+    cache.block_logits(["a"], ids[0, 15:16], [15])
+    assert cache.restarts == 2 and cache.entries["a"].start == 15
+    assert cache.entries["a"].end == 15
     cache.drop("a")
     assert "a" not in cache.entries

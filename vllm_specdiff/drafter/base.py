@@ -32,6 +32,7 @@ class Drafter(nn.Module):
     context_window: int | None = None
     draft_to_verifier: torch.Tensor | None
     quantization: str = "none"  # set by drafter/quantize.py
+    feature_taps: tuple[int, ...] = ()  # verifier layers whose outputs it reads (none: ids only)
 
     # ---- to implement -------------------------------------------------------------------------
     def _block_logits(self, contexts: list[torch.Tensor], block: torch.Tensor) -> torch.Tensor:

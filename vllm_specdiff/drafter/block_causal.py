@@ -140,6 +140,10 @@ class BlockCausalDrafter(Drafter):
             drafter.draft_to_verifier = _check_d2t(d2t, meta["verifier_vocab_size"]).to(device)
         return drafter.eval()
 
+    @property
+    def feature_taps(self) -> tuple[int, ...]:
+        return () if self.injection is None else self.injection.target_layer_ids
+
     def add_injection(self, target_layer_ids: tuple[int, ...]) -> FeatureInjection:
         """Attach zero-initialised verifier-feature injection (a no-op until trained)."""
         cfg = self.config

@@ -29,17 +29,20 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from .base import Drafter
+from .checkpoint import read_config, read_weights
 from .vocab import D2T_FILE, load_d2t, save_d2t
 
 MODEL_TYPE = "specdiff_conditioned"
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-# Tensors taken from the verifier at load time (never stored in the drafter directory).
+# Tensors taken from the verifier at load time (never stored in the drafter directory), and
+# their names in the verifier's checkpoint (a tied head has no lm_head.weight).
 SHARED = ("embed_tokens.weight", "lm_head.weight")
+VERIFIER_SHARED = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 @dataclass(frozen=True)
@@ -310,6 +313,10 @@ class ConditionedDrafter(Drafter):
         return self.lm_head.out_features
 
     @property
+    def feature_taps(self) -> tuple[int, ...]:
+        return tuple(self.cfg.target_layer_ids)
+
+    @property
     def max_positions(self) -> int:
         return self.cfg.max_position_embeddings
 
@@ -317,7 +324,7 @@ class ConditionedDrafter(Drafter):
                     draft_to_verifier: torch.Tensor | None = None) -> None:
         """Copy the verifier's embedding and LM head (tied in SmolLM2) into the frozen slots;
         with a reduced-vocabulary table, keep only those head rows."""
-        state = _verifier_tensors(verifier_dir)
+        state = read_weights(verifier_dir, keep=lambda name: name in VERIFIER_SHARED)
         head = state.get("lm_head.weight", state["model.embed_tokens.weight"])
         if draft_to_verifier is not None:
             d2t = draft_to_verifier.long()
@@ -346,10 +353,10 @@ class ConditionedDrafter(Drafter):
     @classmethod
     def from_pretrained(cls, path: str | Path, verifier_dir: str | Path
                         ) -> ConditionedDrafter:
-        cfg = ConditionedConfig.from_dict(json.loads((Path(path) / CONFIG_FILE).read_text()))
+        cfg = ConditionedConfig.from_dict(read_config(path))
         model = cls(cfg)
         d2t = load_d2t(path) if (Path(path) / D2T_FILE).is_file() else None
-        state = load_file(str(Path(path) / WEIGHTS_FILE))
+        state = read_weights(path)
         missing, unexpected = model.load_state_dict(
             {k: v.float() for k, v in state.items()}, strict=False)
         missing = [k for k in missing if k not in SHARED]
@@ -358,13 +365,3 @@ class ConditionedDrafter(Drafter):
                              f"{missing[:4]}, unexpected {unexpected[:4]})")
         model.load_shared(verifier_dir, d2t)
         return model
-
-
-def _verifier_tensors(verifier_dir: str | Path) -> dict[str, torch.Tensor]:
-    files = sorted(Path(verifier_dir).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no safetensors weights in verifier directory {verifier_dir}")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        state.update(load_file(str(f)))
-    return state

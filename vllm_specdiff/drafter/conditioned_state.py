@@ -87,21 +87,29 @@ class ConditionedContextCache:
 
     def evict(self, keep: set[str]) -> int:
         """Drop least recently used entries outside `keep` until the store fits its bound."""
-        dropped = 0
+        total, dropped = self.nbytes, 0
         for req_id in list(self.entries):
-            if self.nbytes <= self.max_bytes:
+            if total <= self.max_bytes:
                 break
             if req_id not in keep:
-                del self.entries[req_id]
+                total -= self.entries.pop(req_id).nbytes
                 dropped += 1
         return dropped
 
     @torch.no_grad()
-    def block_logits(self, req_ids: list[str], anchors: torch.Tensor) -> torch.Tensor:
+    def block_logits(self, req_ids: list[str], anchors: torch.Tensor,
+                     anchor_positions: list[int]) -> torch.Tensor:
         """Logits [B, gamma, V_draft] of one block per request; anchors[B] are the tokens just
-        committed, at the position right after each request's cached context."""
+        committed, at anchor_positions[B]. A request whose context does not end right before
+        its anchor (never fed, dropped, out of step) drafts from an empty one, counted as a
+        restart."""
         if not req_ids:
             raise ValueError("block_logits needs at least one request")
+        for req_id, position in zip(req_ids, anchor_positions, strict=True):
+            entry = self.entries.get(req_id)
+            if entry is None or entry.end != position:
+                self.restarts += 1
+                self.entries[req_id] = ContextEntry(start=position)
         self.evict(set(req_ids))
         entries = [self.entries[r] for r in req_ids]
         d = self.drafter

@@ -52,7 +52,7 @@ class ConditionedRunner:
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         proposer = getattr(self, "drafter", None)
         if proposer is not None:
-            proposer.feature_runner = True  # the proposer refuses a conditioned drafter without
+            proposer.feature_runner = True  # without it, the proposer refuses such a drafter
         super().load_model(*args, **kwargs)  # type: ignore[misc]
         taps = tuple(getattr(proposer, "feature_taps", ()) or ())
         if taps:
@@ -70,16 +70,16 @@ class ConditionedRunner:
             query_start = self.query_start_loc.np[:num_reqs + 1]
             total = int(query_start[-1])
             features = torch.cat([h[:total] for h in aux_hidden_states], dim=-1)
-            positions = self.positions[:total].cpu().numpy()
+            starts = query_start[:-1].astype(np.int64)
+            # each request's first scheduled position (only these leave the device)
+            first = self.positions[torch.from_numpy(starts).to(self.positions.device)].tolist()
             counts = committed_rows(query_start, sampled_token_ids,
                                     None if spec_decode_metadata is None
                                     else spec_decode_metadata.num_draft_tokens)
-            updates = []
-            for i, req_id in enumerate(self.input_batch.req_ids[:num_reqs]):
-                lo = int(query_start[i])
-                updates.append((req_id, features[lo:lo + counts[i]], int(positions[lo])))
-            proposer.observe_features(updates, list(self.input_batch.req_ids[:num_reqs]),
-                                      getattr(scheduler_output, "finished_req_ids", ()))
+            updates = [(req_id, features[lo:lo + n], pos) for req_id, lo, n, pos in zip(
+                self.input_batch.req_ids[:num_reqs], starts.tolist(), counts, first,
+                strict=True)]
+            proposer.observe_features(updates, getattr(scheduler_output, "finished_req_ids", ()))
         return super().propose_draft_token_ids(  # type: ignore[misc]
             scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,
             sample_hidden_states, aux_hidden_states, spec_decode_metadata, *args, **kwargs)

@@ -180,7 +180,7 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         if conditioned:
             self.contexts = ConditionedContextCache(
                 self.drafter, self.config.cache_bytes or DEFAULT_CACHE_BYTES)
-            self.feature_taps = tuple(self.drafter.cfg.target_layer_ids)
+            self.feature_taps = self.drafter.feature_taps
         self._check_positions()
         self._warm_up()
         self.drafter_path = path
@@ -202,7 +202,7 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
             if self.contexts is not None:
                 features = torch.zeros(context.shape[0], self.drafter.cfg.feature_size)
                 self.contexts.extend(WARM_UP_ID, features, 0)
-                self.contexts.block_logits([WARM_UP_ID], context[-1:])
+                self.contexts.block_logits([WARM_UP_ID], context[-1:], [context.shape[0]])
                 self.contexts.drop(WARM_UP_ID)
                 self.contexts.restarts = 0
             else:
@@ -370,32 +370,27 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
 
     # ---- a drafter that reads the verifier -----------------------------------------------------
     def observe_features(self, updates: list[tuple[str, torch.Tensor, int]],
-                         req_ids: list[str], finished: Any = ()) -> None:
-        """From the runner, after a verifier step: each request's newly committed positions'
-        tapped states (features, first position), the batch's request ids by row, and the
-        requests that finished (their contexts are dropped)."""
+                         finished: Any = ()) -> None:
+        """From the runner, after a verifier step: per batch row, its request's id and newly
+        committed positions' tapped states (features, first position); and the requests that
+        finished (their contexts are dropped)."""
         if self.contexts is None:
             return
         for req_id in finished or ():
             self.contexts.drop(req_id)
         for req_id, features, first in updates:
             self.contexts.extend(req_id, features, first)
-        self._row_requests = list(req_ids)
+        self._row_requests = [req_id for req_id, _, _ in updates]
 
     def _conditioned_logits(self, contexts: list[torch.Tensor], indices: list[int],
                             length: int) -> torch.Tensor:
         """[B, length, V] over the verifier's vocabulary, one block per row, from each request's
         cached context; the anchor (the last committed token) sits right after it."""
         assert self.contexts is not None
-        req_ids = [self._row_requests[i] for i in indices]
-        for req_id, context in zip(req_ids, contexts, strict=True):
-            entry = self.contexts.entries.get(req_id)
-            if entry is None or entry.end != context.shape[0] - 1:  # out of step: start anew
-                self.contexts.extend(req_id, torch.zeros(0, self.drafter.cfg.feature_size),
-                                     context.shape[0] - 1)
         anchors = torch.tensor([int(c[-1]) for c in contexts])
-        logits = self.contexts.block_logits(req_ids, anchors)[:, :length]
-        return self.drafter.to_verifier_vocab(logits.float())
+        logits = self.contexts.block_logits([self._row_requests[i] for i in indices], anchors,
+                                            [c.shape[0] - 1 for c in contexts])
+        return self.drafter.to_verifier_vocab(logits[:, :length])
 
     def _tree_drafts(self, logits: torch.Tensor, group: list[int], contexts: list[torch.Tensor],
                      allowed: list[bool], out: list[list[int]], tries: list[RequestTrie | None]
