@@ -283,7 +283,7 @@ class _FakeEngine:
         self.clock = EngineClock(core.timer or _FakeTimer())
 
     def snapshot(self):
-        from vllm_specdiff.bench.suite import ProposerCounts
+        from vllm_specdiff.bench.counters import ProposerCounts
 
         return {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0,
                 "num_accepted_tokens_per_pos": [], "num_draft_tokens_per_pos": []}, \

@@ -34,50 +34,17 @@ from typing import Any
 
 from tqdm import tqdm
 
+from vllm_specdiff.bench.counters import (
+    ProposerCounts,
+    SpecCounters,
+    accumulate,
+    delta,
+)
 from vllm_specdiff.bench.methods import Method
 
 BATCHING = ("static", "continuous")
 INTERLEAVE = ("pass", "step")
 _request_ids = itertools.count()  # bench request ids, unique within the process
-
-
-def _add_lists(a: list[int], b: list[int], sign: int = 1) -> list[int]:
-    """a + sign * b element-wise; an empty list counts as zeros."""
-    if not a or not b:
-        return list(a) if a else [sign * v for v in b]
-    return [x + sign * y for x, y in zip(a, b, strict=True)]
-
-
-@dataclass
-class ProposerCounts:
-    """The SpecDiff proposer's own counters (all zero for other methods): drafter time and
-    calls, rows drafted (by the drafter or by prompt lookup) and by lookup, and adaptive
-    drafting's histograms of chosen drafter and lookup lengths ([] when it is off)."""
-
-    drafter_seconds: float = 0.0
-    propose_calls: int = 0
-    drafted_rows: int = 0
-    lookup_drafts: int = 0
-    gamma_histogram: list[int] = field(default_factory=list)
-    lookup_gamma_histogram: list[int] = field(default_factory=list)
-
-    @classmethod
-    def of(cls, proposer: dict[str, Any]) -> ProposerCounts:
-        adaptive = proposer.get("adaptive") or {}
-        return cls(float(proposer.get("drafter_seconds", 0.0)),
-                   int(proposer.get("propose_calls", 0)), int(proposer.get("drafted_rows", 0)),
-                   int(proposer.get("lookup_drafts", 0)),
-                   list(adaptive.get("chosen_gamma_histogram") or []),
-                   list(adaptive.get("lookup_gamma_histogram") or []))
-
-    def plus(self, other: ProposerCounts, sign: int = 1) -> ProposerCounts:
-        return ProposerCounts(
-            self.drafter_seconds + sign * other.drafter_seconds,
-            self.propose_calls + sign * other.propose_calls,
-            self.drafted_rows + sign * other.drafted_rows,
-            self.lookup_drafts + sign * other.lookup_drafts,
-            _add_lists(self.gamma_histogram, other.gamma_histogram, sign),
-            _add_lists(self.lookup_gamma_histogram, other.lookup_gamma_histogram, sign))
 
 
 @dataclass
@@ -108,49 +75,6 @@ def sampling_params(temperature: float, max_tokens: int, seed: int, count: int) 
 
     return [SamplingParams(temperature=temperature, max_tokens=max_tokens,
                            seed=seed + i if temperature > 0 else None) for i in range(count)]
-
-
-COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
-PER_POS = ("num_accepted_tokens_per_pos", "num_draft_tokens_per_pos")
-
-
-class SpecCounters:
-    """vLLM's spec-decode counts (drafts, draft and accepted tokens, accepted per position) of
-    one engine, summed from the scheduler stats its logger manager receives every step.
-
-    `LLM.get_metrics()` cannot be used with several engines: vLLM's Prometheus collectors are
-    process-global and each new engine unregisters the previous ones, so only the engine built
-    last would be counted.
-    """
-
-    def __init__(self, llm: Any) -> None:
-        self.totals: dict[str, Any] = {**dict.fromkeys(COUNTS, 0),
-                                       **{key: [] for key in PER_POS}}
-        manager = llm.llm_engine.logger_manager
-        if manager is None:
-            raise ValueError("the bench needs vLLM's stats (engine built with "
-                             "disable_log_stats=False)")
-        record = manager.record
-
-        def counted(scheduler_stats: Any, *args: Any, **kwargs: Any) -> Any:
-            spec = getattr(scheduler_stats, "spec_decoding_stats", None)
-            if spec is not None:
-                self.observe(spec)
-            return record(scheduler_stats, *args, **kwargs)
-
-        manager.record = counted
-
-    def observe(self, spec: Any) -> None:
-        for key in COUNTS:
-            self.totals[key] += getattr(spec, key)
-        for key in PER_POS:
-            per_pos = list(getattr(spec, key, None) or [])
-            prev = self.totals[key] or [0] * len(per_pos)
-            if per_pos:
-                self.totals[key] = [a + b for a, b in zip(prev, per_pos, strict=True)]
-
-    def snapshot(self) -> dict[str, Any]:
-        return {**self.totals, **{key: list(self.totals[key]) for key in PER_POS}}
 
 
 class EngineClock:
@@ -208,18 +132,6 @@ class Engine:
 
         proposer = specdiff_stats(self.llm).get("proposer") or {}
         return self.counters.snapshot(), ProposerCounts.of(proposer)
-
-
-def _delta(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key in (*COUNTS, *PER_POS):
-        value, prev = after[key], before.get(key)
-        if isinstance(value, list):
-            prev = prev or [0] * len(value)
-            out[key] = [a - b for a, b in zip(value, prev, strict=True)]
-        else:
-            out[key] = value - (prev or 0)
-    return out
 
 
 class Lane:
@@ -307,7 +219,7 @@ def _record(run: Run, engine: Engine, before: tuple[dict[str, Any], ProposerCoun
         run.outputs.append(tokens)
         run.new_tokens.append(len(tokens))
         run.per_request_tps.append(max(len(tokens) - 1, 0) / latency if latency else 0.0)
-    _accumulate(run.counters, _delta(after, counters))
+    accumulate(run.counters, delta(after, counters))
     run.proposer = run.proposer.plus(proposer_after.plus(proposer, -1))
 
 
@@ -315,20 +227,10 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 4) if values else None
 
 
-def _accumulate(total: dict[str, Any], counts: dict[str, Any]) -> None:
-    for key, value in counts.items():
-        if isinstance(value, list):
-            if value:
-                prev = total.get(key) or [0] * len(value)
-                total[key] = [a + b for a, b in zip(prev, value, strict=True)]
-        else:
-            total[key] = total.get(key, 0) + value
-
-
 def _sum_counters(runs: list[Run]) -> dict[str, Any]:
     total: dict[str, Any] = {}
     for run in runs:
-        _accumulate(total, run.counters)
+        accumulate(total, run.counters)
     return total
 
 
