@@ -12,8 +12,11 @@
 #     losses STEP  the loss comparison of issue 39 item 3: from design-a's checkpoint STEP
 #                (exported), 150 steps each of ce-decay, streak and position-avg, same data,
 #                learning rate and held-out windows, side by side
-#     continue   design a on all the data (completion and general corpus), from the shipped
-#                conditioned drafter (a new machine keeps only the repository), or resumed
+#     generate-t1  temperature-1 continuations of the general corpus (needs
+#                `bash scripts/train_default_drafter.sh corpus`): $CACHE/data/t1, resumable
+#     continue   design a on all the data (completion and general corpus, greedy and, where
+#                generated, temperature 1), from the shipped conditioned drafter (a new machine
+#                keeps only the repository), or resumed; a restart reads the shards that exist
 #     export     ship the newest run's latest checkpoint (continue, else design-a) into
 #                vllm_specdiff/assets/conditioned_drafter, and its vLLM `dflash` export to
 #                $CACHE/drafters/conditioned-dflash
@@ -71,8 +74,14 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
         --lr 6e-4 &
     done
     wait ;;
+  generate-t1)
+    env VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" generate \
+      --verifier "$V" --prompts "$CACHE/corpus/prompts.jsonl" --output "$CACHE/data/t1" \
+      --num-samples 1 --temperature 1 --max-new-tokens 128 --top-logprobs 0 --chunk-size 64 \
+      --backend vllm --seed 1 ;;
   continue)
     all="$CACHE/data/greedy-complete,$CACHE/data/greedy"
+    compgen -G "$CACHE/data/t1/shard-*" > /dev/null && all="$all,$CACHE/data/t1"
     start=()
     [ -d "$CACHE/runs/conditioned-continued/checkpoints" ] \
       || start=(--drafter "$ROOT/vllm_specdiff/assets/conditioned_drafter")
@@ -85,6 +94,6 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
       --output "$ROOT/vllm_specdiff/assets/conditioned_drafter"
     "$BIN/specdiff-distill" export --run "$run" --verifier "$V" --format dflash \
       --output "$CACHE/drafters/conditioned-dflash" ;;
-  *) echo "usage: $0 data|design-data|features|design-a|design-b|losses STEP|continue|export" >&2
+  *) echo "usage: $0 data|design-data|features|design-a|design-b|losses STEP|generate-t1|continue|export" >&2
      exit 2 ;;
 esac

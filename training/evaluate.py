@@ -32,7 +32,6 @@ from vllm_specdiff.core.sampling import draft_marginals, sample_drafts, target_p
 from vllm_specdiff.core.scoring import expected_streak
 from vllm_specdiff.drafter.checkpoint import read_config
 from vllm_specdiff.drafter.conditioned import MODEL_TYPE as CONDITIONED_TYPE
-from vllm_specdiff.drafter.conditioned import ConditionedDrafter
 from vllm_specdiff.provenance import provenance
 
 from .data import (
@@ -180,7 +179,7 @@ class Evaluator:
         if cand.checkpoint:
             drafter = drafter_from_checkpoint(Path(cand.drafter))
         elif read_config(cand.drafter).get("model_type") == CONDITIONED_TYPE:
-            drafter = ConditionedDrafter.from_pretrained(cand.drafter, cfg.verifier).eval()
+            drafter = load_drafter(cand.drafter, lora=cand.lora, verifier=cfg.verifier)
         else:
             drafter = load_drafter(cand.drafter, lora=cand.lora, cache_size=0)
         taps = getattr(drafter, "feature_taps", ())  # an AR drafter has none

@@ -24,7 +24,7 @@ from vllm_specdiff.drafter.vocab import D2T_FILE, copy_tokenizer_files, save_d2t
 
 from .data import load_sequences, split_heldout
 from .export_dflash import export_dflash
-from .model import drafter_from_checkpoint, save_full
+from .model import drafter_from_checkpoint, merge_lora_layers, save_full
 from .trainer import LOG_FILE, build_data_vocab, latest_checkpoint
 
 CURVE_FILE = "learning_curve.json"
@@ -186,7 +186,10 @@ def run_export(cfg: ExportConfig) -> dict:
     checkpoint, run_dir = resolve_checkpoint(Path(cfg.run))
     state = json.loads((checkpoint / "state.json").read_text())
     if state["config"].get("arch") == "conditioned":
-        summary = _export_conditioned(cfg, drafter_from_checkpoint(checkpoint), out)
+        drafter = drafter_from_checkpoint(checkpoint)
+        if state["config"]["finetune"] == "lora":  # the adapter merged: a full drafter
+            drafter = merge_lora_layers(drafter)
+        summary = _export_conditioned(cfg, drafter, out)
         return {**summary, "step": state["step"],
                 **_write_curve(run_dir, checkpoint, state, out, "conditioned drafter")}
     if cfg.format != "specdiff":

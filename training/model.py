@@ -162,6 +162,21 @@ def add_lora(drafter: Drafter, rank: int, alpha: float, dropout: float,
     return config
 
 
+def merge_lora_layers(drafter: nn.Module) -> nn.Module:
+    """Fold peft's injected LoRA layers into their base weights (W += scale * B @ A) and put the
+    plain base layers back, so the drafter saves as a full directory (a conditioned run's
+    export writes merged weights: vLLM's `dflash` method takes no adapter)."""
+    from peft.tuners.lora import LoraLayer
+
+    for name, module in list(drafter.named_modules()):
+        if isinstance(module, LoraLayer):
+            module.merge()
+            parent_name, _, child = name.rpartition(".")
+            parent = drafter.get_submodule(parent_name) if parent_name else drafter
+            setattr(parent, child, module.get_base_layer())
+    return drafter
+
+
 def select_trainable(drafter: Drafter, train: list[str], freeze: list[str]) -> list[str]:
     """Full fine-tuning of chosen parts: parameters matching a `train` regex and no `freeze` one."""
     names = []

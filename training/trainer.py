@@ -163,9 +163,14 @@ class TrainConfig:
         if self.drafter is not None and (self.draft_vocab or self.draft_vocab_size):
             raise ValueError("--arch conditioned --drafter keeps that drafter's head: drop "
                              "--draft-vocab / --draft-vocab-size")
-        if self.objective != "diffusion" or self.finetune != "full" or self.init_lora:
-            raise ValueError("--arch conditioned trains with --objective diffusion, "
-                             "--finetune full and no --init-lora")
+        if self.objective != "diffusion" or self.init_lora:
+            raise ValueError("--arch conditioned trains with --objective diffusion and no "
+                             "--init-lora")
+        if self.finetune != "full" and self.drafter is None:
+            # LoRA on new, random, frozen layers would train next to nothing
+            raise ValueError("--arch conditioned trains new layers with --finetune full; "
+                             "--finetune lora adapts a trained conditioned drafter given by "
+                             "--drafter DIR")
 
     def _validate_objective(self) -> None:
         if self.objective not in OBJECTIVES:
@@ -504,8 +509,9 @@ class Trainer:
                 path = save_adapter(self.drafter, self.lora_config, self.out / ADAPTER_DIR,
                                     cfg.drafter or cfg.init_from)
                 base = self.out / "base"
-                if cfg.init_from is not None or cfg.init_lora is not None:
-                    # The adapter applies to the drafter as initialised: ship that base with it.
+                if cfg.drafter is None or cfg.init_lora is not None:
+                    # The adapter applies to the drafter as initialised: ship that base with it
+                    # (a conditioned --drafter run names --init-from too, for its verifier).
                     _save_base_without_lora(self.drafter, base)
                     copy_tokenizer_files(_tokenizer_source(cfg), base)
                     summary["base"] = str(base)

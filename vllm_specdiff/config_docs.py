@@ -84,6 +84,9 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "-h" in argv or "--help" in argv:  # not a rewrite: print the usage above
+        print(__doc__.strip())
+        return 0
     text = render()
     if "--check" in argv:
         if PATH.read_text() != text:

@@ -51,3 +51,52 @@ def test_int8_needs_a_float32_cpu_drafter(drafter_dir):
     bf16 = load_drafter(drafter_dir, dtype="bfloat16", quantize="none")
     with pytest.raises(ValueError, match="float32 CPU drafter"):
         quantize_drafter(bf16, "int8")
+
+
+MASSIVE = 3  # the feature channel with a massive activation
+
+
+def _conditioned(tmp_path):
+    from vllm_specdiff.drafter.conditioned import ConditionedConfig, ConditionedDrafter
+
+    verifier = tmp_path / "verifier"
+    write_causal_lm(verifier, vocab=VOCAB, layers=3)
+    cfg = ConditionedConfig(hidden_size=32, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8, intermediate_size=64, vocab_size=VOCAB,
+                            target_layer_ids=(0, 1), num_hidden_layers=2, block_size=5,
+                            max_position_embeddings=64, verifier_num_layers=3)
+    drafter = ConditionedDrafter.from_verifier(verifier, cfg, seed=1)
+    with torch.no_grad():  # trained drafters learn to damp the massive channel
+        drafter.fc.weight[:, MASSIVE] = 0
+        drafter.fc.weight.mul_(10)
+    out = tmp_path / "drafter"
+    drafter.save_pretrained(out)
+    return out, verifier
+
+
+def _window_logits(drafter, features):
+    ids = torch.arange(features.shape[1])[None] % VOCAB
+    with torch.no_grad():
+        return drafter.window_logits(ids, torch.tensor([[features.shape[1] - 5]]),
+                                     features=features)
+
+
+def test_int8_keeps_a_conditioned_drafters_feature_projection_in_float(tmp_path):
+    """The verifier's residual streams carry a few massive channels (~10^4 against ~2 in
+    SmolLM2): per-tensor int8 activations of `fc` would round every other channel away."""
+    path, verifier = _conditioned(tmp_path)
+    gen = torch.Generator().manual_seed(0)
+    features = torch.randn(1, 24, 64, generator=gen)
+    features[..., MASSIVE] = 2e4  # one massive channel, as in the real verifier's taps
+    plain = load_drafter(path, verifier=verifier, quantize="none")
+    quant = load_drafter(path, verifier=verifier, quantize="int8")
+    assert type(quant.fc) is nn.Linear  # kept float
+    assert type(quant.layers[0].mlp["gate_proj"]) is not nn.Linear  # the rest is int8
+    want = _window_logits(plain, features)
+    err = (_window_logits(quant, features) - want).abs().max() / want.abs().max()
+    # negative control: an int8 fc loses the ordinary channels
+    everything = load_drafter(path, verifier=verifier, quantize="none")
+    everything.float_linears = ()
+    quantize_drafter(everything, "int8")
+    control = (_window_logits(everything, features) - want).abs().max() / want.abs().max()
+    assert err < 0.05 and control > 4 * err, (err, control)

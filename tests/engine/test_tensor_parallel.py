@@ -6,6 +6,10 @@ plain decoding at the same tensor-parallel size. On vLLM's CPU backend the autom
 binding wants one NUMA node per rank and refuses on a one-node machine ("Not enough allowed NUMA
 nodes to bind threads of 2 local CPUWorkers"); binding one core per rank by hand
 (`VLLM_CPU_OMP_THREADS_BIND=0|1`) runs TP=2 on two cores.
+
+A drafter that reads the verifier (`specdiff_conditioned`) is fed each rank's own captured
+hidden states: vLLM taps the residual stream between decoder layers, after the row-parallel
+all-reduce, so every rank holds the full states and the ranks draft alike.
 """
 
 from __future__ import annotations
@@ -19,6 +23,18 @@ import numpy as np
 import pytest
 
 from tests.tiny_models import speculative_args, word_prompt
+
+# the briefly trained conditioned drafter, its tiny verifier and the plain-torch reference
+from .test_conditioned_serving import GAMMA as CONDITIONED_GAMMA
+from .test_conditioned_serving import (  # noqa: F401 (fixtures)
+    MAX_TOKENS,
+    PROMPTS,
+    _common,
+    _decode,
+    cycle_verifier,
+    exported,
+    reference,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -95,13 +111,8 @@ def _recorded_drafts(worker: Any) -> list:  # runs inside each vLLM worker
     return getattr(worker, "worker", worker).model_runner.drafter.recorded_drafts
 
 
-@pytest.mark.slow
-@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core per rank")
-def test_tp2_ranks_draft_alike_and_greedy_equals_plain_tp2(tiny_verifier, tiny_drafter,
-                                                           monkeypatch):
-    """About 4 minutes on a busy 2-core machine (two 2-rank engines start)."""
-    from vllm import LLM, SamplingParams
-
+def _tp2_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two CPU ranks on a one-NUMA-node machine, and this module's functions to collective_rpc."""
     if os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") == "auto":
         monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # functions to collective_rpc
@@ -110,6 +121,16 @@ def test_tp2_ranks_draft_alike_and_greedy_equals_plain_tp2(tiny_verifier, tiny_d
     import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core per rank")
+def test_tp2_ranks_draft_alike_and_greedy_equals_plain_tp2(tiny_verifier, tiny_drafter,
+                                                           monkeypatch):
+    """About 4 minutes on a busy 2-core machine (two 2-rank engines start)."""
+    from vllm import LLM, SamplingParams
+
+    _tp2_env(monkeypatch)
     kwargs = dict(model=str(tiny_verifier), max_model_len=256, max_num_seqs=4, seed=0,
                   kv_cache_memory_bytes=2_000_000, dtype="float32", enforce_eager=True,
                   tensor_parallel_size=2)
@@ -125,3 +146,62 @@ def test_tp2_ranks_draft_alike_and_greedy_equals_plain_tp2(tiny_verifier, tiny_d
     assert got == expected
     rank0, rank1 = spec.collective_rpc(_recorded_drafts)
     assert rank0 == rank1 and any(d for step in rank0 for d in step)
+
+
+def _record_features(worker: Any) -> bool:  # runs inside each vLLM worker
+    """Keep the (request, first position, states) the runner hands the proposer, and its drafts."""
+    _record_drafts(worker)
+    proposer = getattr(worker, "worker", worker).model_runner.drafter
+    original = proposer.observe_features
+    proposer.recorded_features = []
+
+    def observe(updates: list, finished: Any = ()) -> None:
+        proposer.recorded_features += [(r, first, f.clone()) for r, f, first in updates]
+        original(updates, finished)
+
+    proposer.observe_features = observe
+    return True
+
+
+def _recorded_features(worker: Any) -> tuple[list, list]:  # runs inside each vLLM worker
+    proposer = getattr(worker, "worker", worker).model_runner.drafter
+    return proposer.recorded_features, proposer.recorded_drafts
+
+
+@pytest.mark.slow
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core per rank")
+def test_tp2_serves_a_conditioned_drafter_with_tp1_acceptance(cycle_verifier, exported,  # noqa: F811
+                                                             reference, monkeypatch):  # noqa: F811
+    """The conditioned drafter of test_conditioned_serving (1 layer, one tap) at TP = 2: output
+    is plain decoding's and the accepted count is the plain-torch reference's, which TP = 1
+    serving equals (that module). Each rank's captured states are the full, all-reduced ones
+    (width taps * hidden, the unsharded verifier's values) and identical across ranks."""
+    import torch
+    from vllm import LLM, SamplingParams
+
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+    from vllm_specdiff.plugin.workers import CPU_CONDITIONED_WORKER
+    from vllm_specdiff_training.features import TapModel
+
+    _tp2_env(monkeypatch)
+    drafter = exported[1]
+    args = specdiff_engine_args(CONDITIONED_GAMMA, drafter=exported[2], adaptive=False,
+                                candidates=["argmax", "sample"], log_interval=0)
+    assert args["worker_cls"] == CPU_CONDITIONED_WORKER
+    llm = LLM(**_common(cycle_verifier), **args, tensor_parallel_size=2)
+    assert llm.collective_rpc(_record_features) == [True, True]
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    got, accepted = _decode(llm, params)
+    assert got == reference[0]  # plain decoding (that module checks it against plain vLLM)
+    assert accepted == reference[1] > 0  # TP = 1's count with this drafter
+    (feats0, drafts0), (feats1, drafts1) = llm.collective_rpc(_recorded_features)
+    assert drafts0 == drafts1 and any(d for step in drafts0 for d in step)
+    assert len(feats0) == len(feats1) > len(PROMPTS)
+    width = len(drafter.cfg.target_layer_ids) * drafter.cfg.hidden_size
+    for (req0, first0, f0), (req1, first1, f1) in zip(feats0, feats1, strict=True):
+        assert (req0, first0) == (req1, first1) and f0.shape[-1] == width
+        assert torch.equal(f0, f1)
+    # the first update is the first prompt's prefill: the unsharded verifier's tapped states
+    taps = TapModel(cycle_verifier, drafter.cfg.target_layer_ids)(torch.tensor([PROMPTS[0]]))[0]
+    assert feats0[0][1] == 0 and feats0[0][2].shape == taps.shape
+    torch.testing.assert_close(feats0[0][2].float(), taps, rtol=1e-4, atol=1e-4)

@@ -35,12 +35,67 @@ def test_a_conditioned_drafter_selects_the_feature_capturing_worker(conditioned_
     assert worker_argv(["m", "--worker-cls", "x.W"], config) == ["m", "--worker-cls", "x.W"]
 
 
-def test_a_conditioned_drafter_is_served_with_one_draft(conditioned_dir):
+def test_a_conditioned_drafter_with_k_drafts_selects_the_combined_worker(conditioned_dir):
+    """num_drafts > 1 is accepted with a conditioned drafter and needs the worker that both
+    verifies tries and captures the verifier's states, with the tree path's settings."""
+    from vllm_specdiff.commands.serve import worker_argv
     from vllm_specdiff.plugin.config import parse_specdiff_config
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+    from vllm_specdiff.plugin.workers import CPU_CONDITIONED_TREE_WORKER
 
-    with pytest.raises(ValueError, match="a conditioned .* is served with .*num_drafts.* = 1"):
-        parse_specdiff_config({"specdiff": {"drafter": conditioned_dir, "num_drafts": 2,
-                                            "drafter_temperature": 1.0}}, gamma=4)
+    section = {"drafter": conditioned_dir, "num_drafts": 2, "drafter_temperature": 1.0}
+    config = parse_specdiff_config({"specdiff": section}, gamma=4)
+    assert config.num_drafts == 2
+    args = specdiff_engine_args(4, **section)
+    assert args["worker_cls"] == CPU_CONDITIONED_TREE_WORKER
+    assert args["async_scheduling"] is False
+    assert "compilation_config" not in args  # CUDA graphs are a CUDA matter
+    assert worker_argv(["m"], config) == ["m", "--worker-cls", CPU_CONDITIONED_TREE_WORKER,
+                                          "--no-async-scheduling"]
+
+
+def test_the_speculative_model_shorthand_adds_the_conditioned_worker(conditioned_dir,
+                                                                    monkeypatch):
+    """`--speculative-model DIR` with a conditioned drafter: serve's rewritten arguments and
+    generate/bench's engine arguments name the proposer with that drafter and the worker that
+    captures the verifier's states; the engine's model is the verifier the proposer reads
+    (`load_drafter(verifier=model_config.model)`)."""
+    import json
+
+    import vllm
+
+    from vllm_specdiff.cli import build_parser
+    from vllm_specdiff.commands.common import build_llm, expand_speculative_model
+    from vllm_specdiff.commands.serve import check_specdiff_args, worker_argv
+    from vllm_specdiff.plugin.engine import PROPOSER_PATH
+    from vllm_specdiff.plugin.workers import CPU_CONDITIONED_WORKER
+
+    # serve: the steps `serve()` takes before vLLM parses the arguments
+    argv = expand_speculative_model(["verifier", "--speculative-model", conditioned_dir,
+                                     "--num-speculative-tokens", "4"])
+    config = check_specdiff_args(argv)
+    assert config is not None and config.drafter == conditioned_dir
+    argv = worker_argv(argv, config)
+    assert argv[0] == "verifier"
+    assert argv[argv.index("--worker-cls") + 1] == CPU_CONDITIONED_WORKER
+    assert json.loads(argv[argv.index("--speculative-config") + 1]) == {
+        "model": PROPOSER_PATH, "num_speculative_tokens": 4}
+    assert json.loads(argv[argv.index("--additional-config") + 1]) == {
+        "specdiff": {"drafter": conditioned_dir}}
+
+    # generate and bench: the `LLM(...)` arguments build_llm passes (no engine starts)
+    monkeypatch.setattr(vllm, "LLM", lambda **kwargs: kwargs)
+    parser = build_parser()
+    for command in (["generate", "--input", "i.jsonl", "--output", "o.jsonl"], ["bench"]):
+        args = parser.parse_args([*command, "--model", "verifier", "--speculative-model",
+                                  conditioned_dir, "--num-speculative-tokens", "4"])
+        kwargs = build_llm(args, args.model, speculative=True)
+        assert kwargs["model"] == "verifier"
+        assert kwargs["worker_cls"] == CPU_CONDITIONED_WORKER
+        assert kwargs["speculative_config"] == {"model": PROPOSER_PATH,
+                                                "num_speculative_tokens": 4}
+        assert kwargs["additional_config"]["specdiff"]["drafter"] == conditioned_dir
+        assert "worker_cls" not in build_llm(args, args.model, speculative=False)
 
 
 def test_committed_rows_keep_prefill_chunks_and_accepted_drafts_only():

@@ -112,6 +112,53 @@ def test_conditioned_run_learns_resumes_and_rebuilds_from_its_checkpoint(tmp_pat
                                                   batch.features))
 
 
+def test_lora_adapts_a_trained_conditioned_drafter_and_loads_eval_and_exports_merged(
+        tmp_path, greedy_data, verifier3):
+    """`--finetune lora` on a trained conditioned drafter (`--drafter`): a PEFT adapter of its
+    layers and fc that `load_drafter(lora=)` merges to the trained (unmerged) model's logits,
+    that `eval` scores as the run's checkpoint, and that `export` ships merged."""
+    from vllm_specdiff.drafter import load_drafter
+    from vllm_specdiff.drafter.conditioned import ConditionedDrafter
+    from vllm_specdiff_training.evaluate import EvalConfig, run_eval
+    from vllm_specdiff_training.export import ExportConfig, run_export
+
+    with pytest.raises(ValueError, match="--finetune lora adapts a trained conditioned drafter"):
+        _cfg(greedy_data, tmp_path, verifier3, finetune="lora").validate()  # new layers
+    base = Trainer(_cfg(greedy_data, tmp_path / "full", verifier3, steps=3)).run()["model"]
+    targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "fc"]
+    trainer = Trainer(_cfg(greedy_data, tmp_path / "lora", verifier3, drafter=base,
+                           finetune="lora", lora_rank=4, lora_alpha=8.0, lora_targets=targets,
+                           steps=4, save_every=4, lr=1e-2))
+    trained = [n for n, p in trainer.drafter.named_parameters() if p.requires_grad]
+    assert trained and all("lora_" in n for n in trained)
+    assert any(n.startswith("fc.") for n in trained)
+    summary = trainer.run()
+    assert summary["base"] == base and "model" not in summary
+
+    merged = load_drafter(base, lora=summary["adapter"], verifier=verifier3)
+    batch = trainer._micro_batch(0)
+    args = (batch.input_ids, batch.starts, GAMMA, batch.features)
+    with torch.no_grad():
+        want = trainer.drafter.eval().window_logits(*args)
+        got = merged.window_logits(*args)
+        plain = load_drafter(base, verifier=verifier3).window_logits(*args)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got, plain, atol=1e-4)  # the adapter was trained
+
+    report = run_eval(EvalConfig(
+        data=str(greedy_data), verifier=str(verifier3), gamma=GAMMA, max_windows=16,
+        candidates=[f"dir={tmp_path / 'lora'}", f"ckpt={latest_checkpoint(tmp_path / 'lora')}"],
+        output=str(tmp_path / "eval.json"), heldout_fraction=0.25))["results"]
+    assert report["dir"]["expected_accepted_length"] == pytest.approx(
+        report["ckpt"]["expected_accepted_length"], rel=1e-5)
+
+    run_export(ExportConfig(run=str(tmp_path / "lora"), verifier=str(verifier3),
+                            output=str(tmp_path / "shipped")))
+    shipped = ConditionedDrafter.from_pretrained(tmp_path / "shipped", verifier3).eval()
+    with torch.no_grad():  # float16 tensors
+        torch.testing.assert_close(shipped.window_logits(*args), got, rtol=0.02, atol=0.05)
+
+
 def test_conditioned_arch_refuses_an_existing_drafter_or_a_missing_verifier(tmp_path, greedy_data,
                                                                             verifier3):
     with pytest.raises(ValueError, match="--init-from"):

@@ -210,6 +210,7 @@ class ConditionedDrafter(Drafter):
 
     shifted = False  # slot k of the block predicts the token k after the anchor
     mask_token_id = -1  # a learned mask embedding, no input id
+    float_linears = ("fc",)  # reads raw verifier states (massive activations): never int8
 
     def __init__(self, cfg: ConditionedConfig) -> None:
         super().__init__()
@@ -229,7 +230,7 @@ class ConditionedDrafter(Drafter):
     # ---- pieces shared by training and serving --------------------------------------------------
     def context(self, features: torch.Tensor) -> torch.Tensor:
         """Fused, normalised context vectors [B,T,H] from tapped features [B,T,taps*H]."""
-        return self.hidden_norm(self.fc(features.to(self.fc.weight.dtype)))
+        return self.hidden_norm(self.fc(features.to(self.dtype)))
 
     def context_kv(self, context: torch.Tensor, positions: torch.Tensor
                    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -273,7 +274,7 @@ class ConditionedDrafter(Drafter):
         gamma = self.cfg.gamma if gamma is None else gamma
         if gamma > self.cfg.gamma:
             raise ValueError(f"gamma {gamma} exceeds this drafter's block ({self.cfg.gamma})")
-        device = self.fc.weight.device
+        device = self.device
         starts = starts.to(device)
         input_ids = input_ids.to(device)
         if bool((starts < 1).any()):
@@ -311,6 +312,16 @@ class ConditionedDrafter(Drafter):
     @property
     def draft_vocab_size(self) -> int:
         return self.lm_head.out_features
+
+    @property
+    def device(self) -> torch.device:
+        """Where the drafter runs (read off the embedding, which int8 quantisation keeps)."""
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The activations' dtype (the embedding's: int8 linears take and give float32)."""
+        return self.embed_tokens.weight.dtype
 
     @property
     def feature_taps(self) -> tuple[int, ...]:

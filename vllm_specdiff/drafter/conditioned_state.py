@@ -3,91 +3,208 @@
 A conditioned drafter's context is the verifier's features of every committed token but the last
 (the anchor). Projecting them into each layer's keys and values is the only per-token work, so
 serving keeps each request's projected context and adds only the newly committed positions each
-step (chunked prefill arrives in pieces the same way); drafts never enter it. The store is bounded
-in bytes: when it is full, the least recently used requests that are not being drafted are
-dropped. A request whose entry was dropped (or whose positions jump, as after preemption with
-recomputation) starts a new entry at the positions it is given: it drafts from a shorter
-context, which lowers acceptance but never changes the output (verification decides).
+step (chunked prefill arrives in pieces the same way); drafts never enter it.
+
+Appends are amortised O(1): an entry holds one preallocated buffer [layers, 2 (K, V), kv_heads,
+capacity, head_dim] whose capacity doubles when full, and its keys/values are views of the filled
+part. Concatenating per step would copy the whole context every step, which grows quadratically
+over a long generation. Drafting one request reads the views as they are; a batch of several is
+padded into one tensor, one copy per request.
+
+Prefix reuse. With vLLM's prefix caching, a request whose prompt starts with cached blocks is
+never run through the verifier at those positions, so its first features arrive at a position
+> 0. The projected K/V of position p depends only on tokens 0..p (the verifier's features of
+token p, which see tokens <= p, and p itself through RoPE), so any request whose recorded tokens
+agree on 0..start-1 holds exactly the missing K/V. Entries therefore record the token ids they
+cover (known at draft time, not when features arrive), and a request whose entry begins at
+start > 0 looks, at its first draft, for such a donor among the running requests and the recently
+finished ones: `drop` keeps a finished request's entry in a small LRU "retired" set. A hit copies
+the donor's K/V[:start] in front (counted in `prefix_hits`); a miss leaves the shorter context
+(counted in `restarts`). A request whose positions jump back (preemption with recomputation, a
+prefix-cache hit on re-scheduling) keeps its own K/V up to the new position: same tokens, same K/V.
+
+The store is bounded in bytes (allocated capacity, retired entries included): when it is full,
+retired entries go first, then the least recently used requests that are not being drafted. A
+request whose entry was dropped (or whose positions jump forward) starts a new entry at the
+positions it is given: unless a donor covers its prefix, it drafts from a shorter context, which
+lowers acceptance but never changes the output (verification decides).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .conditioned import ConditionedDrafter
 
 DEFAULT_CACHE_BYTES = 2**30
+DEFAULT_MAX_RETIRED = 64
 
 
 @dataclass
 class ContextEntry:
-    """One request's projected context: per layer K and V [kv_heads, T, head_dim]."""
+    """One request's projected context and the token ids it has seen.
 
-    start: int  # position of the first cached context token
-    keys: list[torch.Tensor] = field(default_factory=list)
-    values: list[torch.Tensor] = field(default_factory=list)
+    kv[layer, 0 (K) or 1 (V), kv_heads, capacity, head_dim] holds positions start..end-1 in its
+    first `length` slots; tokens[:num_tokens] are the request's token ids from position 0 (as of
+    its last draft). `pending`: begun at start > 0 and not yet looked up for a donor prefix.
+    """
+
+    start: int
+    kv: torch.Tensor | None = None
+    length: int = 0
+    tokens: torch.Tensor | None = None
+    num_tokens: int = 0
+    pending: bool = False
 
     @property
     def end(self) -> int:
         """One past the last cached position (the next position `extend` expects)."""
-        return self.start + (self.keys[0].shape[1] if self.keys else 0)
+        return self.start + self.length
+
+    @property
+    def keys(self) -> list[torch.Tensor]:
+        """Each layer's cached keys [kv_heads, length, head_dim] (views of the buffer)."""
+        return [] if self.kv is None else list(self.kv[:, 0, :, :self.length].unbind(0))
+
+    @property
+    def values(self) -> list[torch.Tensor]:
+        """Each layer's cached values [kv_heads, length, head_dim] (views of the buffer)."""
+        return [] if self.kv is None else list(self.kv[:, 1, :, :self.length].unbind(0))
 
     @property
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        """Allocated bytes (capacity, not only the filled part)."""
+        return sum(t.numel() * t.element_size() for t in (self.kv, self.tokens) if t is not None)
+
+    def filled(self) -> torch.Tensor:
+        """The filled part of the buffer [layers, 2, kv_heads, length, head_dim]."""
+        assert self.kv is not None
+        return self.kv[:, :, :, :self.length]
+
+    def append(self, new: torch.Tensor) -> None:
+        """Add K/V [layers, 2, kv_heads, n, head_dim] of the next n positions."""
+        n = new.shape[3]
+        if self.kv is None or self.length + n > self.kv.shape[3]:
+            capacity = self.length + n if self.kv is None else max(self.length + n,
+                                                                  2 * self.kv.shape[3])
+            self._reallocate(capacity, like=new)
+        assert self.kv is not None
+        self.kv[:, :, :, self.length:self.length + n] = new
+        self.length += n
+
+    def prepend(self, prefix: torch.Tensor) -> None:
+        """Put K/V [layers, 2, kv_heads, p, head_dim] of positions start-p..start-1 in front."""
+        p = prefix.shape[3]
+        old, length = self.kv, self.length
+        self.kv = None
+        self.length = 0
+        self._reallocate(p + (0 if old is None else old.shape[3]), like=prefix)
+        self.append(prefix)
+        if old is not None and length:
+            self.append(old[:, :, :, :length])
+        self.start -= p
+
+    def truncate(self, end: int) -> None:
+        """Forget positions end.. (kept: start <= end <= self.end)."""
+        self.length = end - self.start
+
+    def record_tokens(self, tokens: torch.Tensor) -> None:
+        """Remember token ids [n] of positions 0..n-1; only the part not seen before is copied
+        (a request's committed tokens never change)."""
+        n = tokens.shape[0]
+        if n <= self.num_tokens:
+            self.num_tokens = n
+            return
+        if self.tokens is None or n > self.tokens.shape[0]:
+            capacity = n if self.tokens is None else max(n, 2 * self.tokens.shape[0])
+            grown = torch.empty(capacity, dtype=torch.long)
+            if self.tokens is not None:
+                grown[:self.num_tokens] = self.tokens[:self.num_tokens]
+            self.tokens = grown
+        self.tokens[self.num_tokens:n] = tokens[self.num_tokens:n].to("cpu", torch.long)
+        self.num_tokens = n
+
+    def covers(self, tokens: torch.Tensor, upto: int) -> bool:
+        """Whether this entry holds the K/V of positions 0..upto-1 of a request with `tokens`."""
+        return (self.start == 0 and self.end >= upto and self.num_tokens >= upto
+                and self.tokens is not None and tokens.shape[0] >= upto
+                and torch.equal(self.tokens[:upto], tokens[:upto].to("cpu", torch.long)))
+
+    def _reallocate(self, capacity: int, like: torch.Tensor) -> None:
+        shape = (*like.shape[:3], capacity, like.shape[4])
+        grown = torch.empty(shape, dtype=like.dtype, device=like.device)
+        if self.kv is not None and self.length:
+            grown[:, :, :, :self.length] = self.kv[:, :, :, :self.length]
+        self.kv = grown
 
 
 class ConditionedContextCache:
-    """Bounded LRU store of projected contexts, and batched drafting from it."""
+    """Bounded LRU store of projected contexts, prefix reuse, and batched drafting from it."""
 
-    def __init__(self, drafter: ConditionedDrafter, max_bytes: int = DEFAULT_CACHE_BYTES) -> None:
+    def __init__(self, drafter: ConditionedDrafter, max_bytes: int = DEFAULT_CACHE_BYTES,
+                 max_retired: int = DEFAULT_MAX_RETIRED) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+        if max_retired < 0:
+            raise ValueError(f"max_retired must be >= 0, got {max_retired}")
         self.drafter = drafter
         self.max_bytes = max_bytes
+        self.max_retired = max_retired
         self.entries: OrderedDict[str, ContextEntry] = OrderedDict()
-        self.restarts = 0  # entries begun again after a drop or a jump in positions
+        self.retired: OrderedDict[str, ContextEntry] = OrderedDict()  # finished, kept as donors
+        self.restarts = 0  # entries drafting without their prefix (dropped, jumped, no donor)
+        self.prefix_hits = 0  # entries begun at start > 0 whose prefix a donor supplied
 
     @property
     def nbytes(self) -> int:
-        return sum(e.nbytes for e in self.entries.values())
+        """Allocated bytes of all entries, retired ones included."""
+        return (sum(e.nbytes for e in self.entries.values())
+                + sum(e.nbytes for e in self.retired.values()))
 
     @torch.no_grad()
     def extend(self, req_id: str, features: torch.Tensor, first_position: int) -> None:
         """Add the verifier's features [n, taps*H] of positions first_position.. to a request."""
+        self.retired.pop(req_id, None)
         entry = self.entries.get(req_id)
-        if entry is None or entry.end != first_position:
-            if entry is not None or first_position > 0:
-                self.restarts += 1
-            entry = ContextEntry(start=first_position)
+        if entry is not None and entry.start <= first_position <= entry.end:
+            entry.truncate(first_position)  # in step, or back over its own positions
+        else:  # new, or jumped forward: a start > 0 is resolved (donor or restart) at its draft
+            entry = ContextEntry(start=first_position, pending=first_position > 0)
             self.entries[req_id] = entry
         self.entries.move_to_end(req_id)
         if features.shape[0] == 0:
             return
         d = self.drafter
-        context = d.context(features.to(d.fc.weight.device)[None])
+        context = d.context(features.to(d.device)[None])
         positions = torch.arange(first_position, first_position + features.shape[0],
                                  device=context.device)[None]
         new = d.context_kv(context, positions)
-        if not entry.keys:
-            entry.keys = [k[0] for k, _ in new]
-            entry.values = [v[0] for _, v in new]
-        else:
-            entry.keys = [torch.cat([old, k[0]], dim=1) for old, (k, _) in zip(entry.keys, new,
-                                                                               strict=True)]
-            entry.values = [torch.cat([old, v[0]], dim=1) for old, (_, v) in zip(entry.values,
-                                                                                 new, strict=True)]
+        entry.append(torch.stack([torch.stack([k[0], v[0]]) for k, v in new]))
 
     def drop(self, req_id: str) -> None:
-        """Forget a finished or aborted request."""
-        self.entries.pop(req_id, None)
+        """Forget a finished or aborted request; a complete entry with recorded tokens is kept
+        as a retired donor (least recently used first out, bounded in count and bytes)."""
+        entry = self.entries.pop(req_id, None)
+        if (entry is None or self.max_retired == 0 or entry.start != 0 or not entry.length
+                or not entry.num_tokens):
+            return
+        self.retired[req_id] = entry
+        while len(self.retired) > self.max_retired:
+            self.retired.popitem(last=False)
+        total = self.nbytes
+        while self.retired and total > self.max_bytes:  # retiring never breaks the bound
+            total -= self.retired.popitem(last=False)[1].nbytes
 
     def evict(self, keep: set[str]) -> int:
-        """Drop least recently used entries outside `keep` until the store fits its bound."""
+        """Drop retired entries, then least recently used entries outside `keep`, until the
+        store fits its bound."""
         total, dropped = self.nbytes, 0
+        while self.retired and total > self.max_bytes:
+            total -= self.retired.popitem(last=False)[1].nbytes
+            dropped += 1
         for req_id in list(self.entries):
             if total <= self.max_bytes:
                 break
@@ -96,45 +213,85 @@ class ConditionedContextCache:
                 dropped += 1
         return dropped
 
+    def _find_donor(self, entry: ContextEntry, tokens: torch.Tensor) -> ContextEntry | None:
+        """A running or retired entry holding K/V 0..entry.start-1 of these tokens."""
+        upto = entry.start
+        for candidate in reversed(self.entries.values()):
+            if candidate is not entry and candidate.covers(tokens, upto):
+                return candidate
+        for req_id, candidate in reversed(self.retired.items()):
+            if candidate.covers(tokens, upto):
+                self.retired.move_to_end(req_id)
+                return candidate
+        return None
+
+    def _resolve(self, entry: ContextEntry, tokens: torch.Tensor | None) -> None:
+        """Supply a pending entry's missing prefix from a donor, or count it as a restart."""
+        entry.pending = False
+        donor = None if tokens is None else self._find_donor(entry, tokens)
+        if donor is None:
+            self.restarts += 1
+            return
+        entry.prepend(donor.filled()[:, :, :, :entry.start])
+        self.prefix_hits += 1
+
     @torch.no_grad()
-    def block_logits(self, req_ids: list[str], anchors: torch.Tensor,
-                     anchor_positions: list[int]) -> torch.Tensor:
+    def block_logits(self, req_ids: list[str], anchors: torch.Tensor, anchor_positions: list[int],
+                     tokens: list[torch.Tensor] | None = None) -> torch.Tensor:
         """Logits [B, gamma, V_draft] of one block per request; anchors[B] are the tokens just
-        committed, at anchor_positions[B]. A request whose context does not end right before
-        its anchor (never fed, dropped, out of step) drafts from an empty one, counted as a
-        restart."""
+        committed, at anchor_positions[B]; tokens[B] (optional) each request's token ids from
+        position 0 through its anchor, recorded for prefix reuse. A request whose context does
+        not end right before its anchor (never fed, dropped, out of step) starts a new entry
+        there: a donor may supply its prefix (a prefix hit), else it drafts from an empty one
+        (a restart)."""
         if not req_ids:
             raise ValueError("block_logits needs at least one request")
-        for req_id, position in zip(req_ids, anchor_positions, strict=True):
+        if tokens is not None and len(tokens) != len(req_ids):
+            raise ValueError(f"{len(tokens)} token rows for {len(req_ids)} requests")
+        for b, (req_id, position) in enumerate(zip(req_ids, anchor_positions, strict=True)):
+            self.retired.pop(req_id, None)
             entry = self.entries.get(req_id)
-            if entry is None or entry.end != position:
-                self.restarts += 1
-                self.entries[req_id] = ContextEntry(start=position)
+            if entry is not None and entry.start <= position <= entry.end:
+                entry.truncate(position)
+            else:
+                entry = ContextEntry(start=position, pending=position > 0)
+                self.entries[req_id] = entry
+            row = None if tokens is None else tokens[b]
+            if row is not None:
+                entry.record_tokens(row)
+            if entry.pending:
+                self._resolve(entry, row)
         self.evict(set(req_ids))
         entries = [self.entries[r] for r in req_ids]
         d = self.drafter
-        device = d.fc.weight.device
-        longest = max(e.end - e.start for e in entries)
-        padded_k, padded_v = [], []
-        for layer in range(len(d.layers)):
-            ks, vs = [], []
-            for e in entries:
-                k = e.keys[layer] if e.keys else _empty(d, device)
-                v = e.values[layer] if e.values else _empty(d, device)
-                pad = longest - k.shape[1]
-                ks.append(torch.nn.functional.pad(k, (0, 0, 0, pad)))
-                vs.append(torch.nn.functional.pad(v, (0, 0, 0, pad)))
-            padded_k.append(torch.stack(ks))
-            padded_v.append(torch.stack(vs))
-        lengths = torch.tensor([e.end - e.start for e in entries], device=device)
-        ctx_allowed = (torch.arange(longest, device=device)[None] < lengths[:, None])[:, None]
+        device = d.device
+        lengths = [e.length for e in entries]
+        longest = max(lengths)
+        if len(entries) == 1:
+            e = entries[0]
+            if e.length:
+                ctx = [(k[None], v[None]) for k, v in zip(e.keys, e.values, strict=True)]
+            else:
+                empty = _empty(d, device)[None]
+                ctx = [(empty, empty) for _ in d.layers]
+        else:
+            like = next((e.kv for e in entries if e.kv is not None), None)
+            cfg = d.cfg
+            batch = torch.zeros(len(d.layers), 2, len(entries), cfg.num_key_value_heads, longest,
+                                cfg.head_dim, device=device,
+                                dtype=d.dtype if like is None else like.dtype)
+            for i, e in enumerate(entries):
+                if e.length:
+                    batch[:, :, i, :, :e.length] = e.filled()
+            ctx = [(batch[layer, 0], batch[layer, 1]) for layer in range(len(d.layers))]
+        ctx_allowed = (torch.arange(longest, device=device)[None]
+                       < torch.tensor(lengths, device=device)[:, None])[:, None]
         anchor_pos = torch.tensor([[e.end] for e in entries], device=device)
-        hidden = d.block_hidden(anchors.to(device)[:, None], anchor_pos,
-                                list(zip(padded_k, padded_v, strict=True)), ctx_allowed)
+        hidden = d.block_hidden(anchors.to(device)[:, None], anchor_pos, ctx, ctx_allowed)
         return d.lm_head(hidden[:, 0, 1:])
 
 
 def _empty(drafter: ConditionedDrafter, device: torch.device) -> torch.Tensor:
     cfg = drafter.cfg
     return torch.zeros(cfg.num_key_value_heads, 0, cfg.head_dim, device=device,
-                       dtype=drafter.fc.weight.dtype)
+                       dtype=drafter.dtype)

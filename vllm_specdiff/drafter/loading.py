@@ -16,6 +16,7 @@ from .block_causal import MODEL_TYPE as BLOCK_CAUSAL_TYPE
 from .block_causal import BlockCausalDrafter
 from .checkpoint import parse_dtype, read_config, tensor_shapes, weight_files
 from .conditioned import MODEL_TYPE as CONDITIONED_TYPE
+from .conditioned import SHARED as CONDITIONED_SHARED
 from .conditioned import ConditionedDrafter
 from .dream import DREAM_TYPES, DreamDrafter
 from .llada import LLADA_TYPES, LLaDADrafter
@@ -24,6 +25,12 @@ from .quantize import quantize_drafter, resolve_quantize
 from .vocab import D2T_FILE, apply_reduced_vocab, check_tokenizer_match, load_d2t, read_vocab
 
 KNOWN_TYPES = (BLOCK_CAUSAL_TYPE, CONDITIONED_TYPE, *DREAM_TYPES, *LLADA_TYPES)
+# A conditioned drafter's embedding and head are the verifier's (frozen, not in its directory):
+# an adapter of them would change the drafter's copy only, so it is refused by name.
+_CONDITIONED_SHARED_MODULES = {
+    name.removesuffix(".weight"): f"which a {CONDITIONED_TYPE} drafter shares with the verifier "
+    "(frozen, not stored in the drafter directory): adapt its layers and fc only"
+    for name in CONDITIONED_SHARED}
 
 
 def check_drafter_dir(path: str | Path) -> dict:
@@ -41,11 +48,14 @@ def check_drafter_dir(path: str | Path) -> dict:
 
 
 def check_lora_for(path: str | Path, lora: str | Path) -> None:
-    """An adapter's files, and for the block-causal format (whose tensor names are module
-    names) its targets and shapes against the drafter's, all from file headers."""
+    """An adapter's files, and for the formats whose tensor names are module names
+    (block-causal, conditioned) its targets and shapes against the drafter's, all from file
+    headers, so a wrong adapter fails at the option check instead of in a worker."""
     check_adapter_dir(lora)
-    if read_config(path).get("model_type") == BLOCK_CAUSAL_TYPE \
-            and not (Path(path) / D2T_FILE).is_file():
+    model_type = read_config(path).get("model_type")
+    if model_type == CONDITIONED_TYPE:  # its head (even a reduced one) is never in its files
+        check_adapter_fits(lora, tensor_shapes(weight_files(path)), _CONDITIONED_SHARED_MODULES)
+    elif model_type == BLOCK_CAUSAL_TYPE and not (Path(path) / D2T_FILE).is_file():
         check_adapter_fits(lora, tensor_shapes(weight_files(path)))
 
 
@@ -83,8 +93,9 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     # With an adapter, merge in float32 first, then cast (a bf16 merge would round twice).
     load_dtype = torch.float32 if lora is not None else dtype
     if model_type == CONDITIONED_TYPE:
-        return _load_conditioned(path, verifier, lora, dtype, device, verifier_vocab_size,
-                                 verifier_tokenizer)
+        drafter = _load_conditioned(path, verifier, lora, dtype, device, verifier_vocab_size,
+                                    verifier_tokenizer)
+        return quantize_drafter(drafter, quantize)
     if model_type == BLOCK_CAUSAL_TYPE:
         drafter: Drafter = BlockCausalDrafter.from_pretrained(
             path, dtype=load_dtype, cache_size=cache_size, context_window=context_window,
@@ -111,18 +122,19 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     return quantize_drafter(drafter.eval(), quantize)
 
 
-def _load_conditioned(path: str | Path, verifier: str | Path | None, lora: object,
+def _load_conditioned(path: str | Path, verifier: str | Path | None, lora: str | Path | None,
                       dtype: torch.dtype, device: str, verifier_vocab_size: int | None,
                       verifier_tokenizer: object) -> Drafter:
     """A verifier-conditioned drafter: its trained tensors plus the verifier's embedding and
-    head. It is not quantised (its layers are a small share of a drafting step). Its tokenizer
-    is the verifier's own; tokenizer files beside it (a training run's output) are checked."""
+    head, with a LoRA adapter of its layers and `fc` merged in (float32, before the cast, as
+    the other formats). Its tokenizer is the verifier's own; tokenizer files beside it (a
+    training run's output) are checked."""
     if verifier is None:
         raise ValueError(f"{str(path)!r} is a {CONDITIONED_TYPE} drafter, which shares the "
                          "verifier's embedding and head: pass verifier=VERIFIER_DIR")
-    if lora is not None:
-        raise ValueError(f"{CONDITIONED_TYPE} drafters take no LoRA adapter (train them fully)")
-    drafter = ConditionedDrafter.from_pretrained(path, verifier)
+    drafter = ConditionedDrafter.from_pretrained(path, verifier)  # float32
+    if lora is not None:  # check_lora_for has refused targets in the shared embedding and head
+        merge_lora(drafter, lora)
     if verifier_vocab_size is not None and drafter.vocab_size < verifier_vocab_size:
         raise ValueError(f"vocab mismatch: the drafter covers {drafter.vocab_size} ids but the "
                          f"verifier has {verifier_vocab_size}")

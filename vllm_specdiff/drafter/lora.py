@@ -51,9 +51,14 @@ def _module_key(key: str) -> str:
     return key
 
 
-def check_adapter_fits(adapter_dir: str | Path, weight_shapes: dict[str, tuple[int, ...]]) -> None:
+def check_adapter_fits(adapter_dir: str | Path, weight_shapes: dict[str, tuple[int, ...]],
+                       shared: dict[str, str] | None = None) -> None:
     """Raise ValueError if an A/B pair targets a module the drafter's weights (names and shapes
-    from the checkpoint's headers) do not have, or would give an update of the wrong shape."""
+    from the checkpoint's headers) do not have, or would give an update of the wrong shape.
+
+    shared: modules the drafter takes from elsewhere (not in its files, never adapted), each
+    with the reason, so such a target is refused with that reason instead of "does not have".
+    """
     _, weights = check_adapter_dir(adapter_dir)
     pairs: dict[str, dict[str, tuple[int, ...]]] = {}
     for key, shape in tensor_shapes([weights]).items():
@@ -61,6 +66,9 @@ def check_adapter_fits(adapter_dir: str | Path, weight_shapes: dict[str, tuple[i
         if m and m.group(3) != ".bias":
             pairs.setdefault(m.group(1), {})[m.group(2)] = shape
     for name, parts in sorted(pairs.items()):
+        if shared and name in shared:
+            raise ValueError(f"LoRA adapter {str(weights)!r} does not match the base model: it "
+                             f"targets {name!r}, {shared[name]}")
         weight = next((w for w in (f"{name}.weight", f"model.{name}.weight")
                        if w in weight_shapes), None)
         if weight is None:

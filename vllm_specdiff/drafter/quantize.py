@@ -33,7 +33,11 @@ def resolve_quantize(mode: str, device: str | torch.device) -> str:
 def quantize_drafter(drafter: nn.Module, mode: str) -> nn.Module:
     """Quantise every `nn.Linear` of a float32 CPU drafter in place (mode 'int8'), or do nothing.
 
-    Embeddings and norms stay float32; call after LoRA merging and dtype/device placement.
+    Embeddings and norms stay float32, and so do the linears a drafter names in
+    `float_linears`: int8 activations share one scale per tensor, so a layer whose inputs carry
+    the verifier's massive activations (a conditioned drafter's `fc` reads raw residual streams,
+    where one channel reaches ~10^4 against a median of ~2) would lose every other channel. Call
+    after LoRA merging and dtype/device placement.
     """
     if mode == "none":
         return drafter
@@ -45,7 +49,10 @@ def quantize_drafter(drafter: nn.Module, mode: str) -> nn.Module:
                          f"{param.device}")
     with warnings.catch_warnings():  # torch.ao.quantization announces its successor on every call
         warnings.simplefilter("ignore")
-        torch.ao.quantization.quantize_dynamic(drafter, {nn.Linear}, dtype=torch.qint8,
-                                               inplace=True)
+        keep = set(getattr(drafter, "float_linears", ()))
+        spec = {name: torch.ao.quantization.default_dynamic_qconfig
+                for name, module in drafter.named_modules()
+                if isinstance(module, nn.Linear) and name not in keep}
+        torch.ao.quantization.quantize_dynamic(drafter, spec, dtype=torch.qint8, inplace=True)
     drafter.quantization = mode
     return drafter

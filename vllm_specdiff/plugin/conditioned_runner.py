@@ -11,9 +11,11 @@ vLLM gives a `custom_class` proposer token ids only. A conditioned drafter
   the last committed token plus the accepted drafts (rejected drafts never enter the context).
 
 worker_cls: `SpecDiffConditionedCPUWorker` (CPU, here) or `SpecDiffConditionedGPUWorker` (CUDA,
-`conditioned_runner_gpu.py`);
-`specdiff_engine_args` and `vllm-specdiff serve/generate/bench` add it when the drafter reads the
-verifier (`config.worker_engine_args`).
+`conditioned_runner_gpu.py`) for num_drafts = 1; for num_drafts > 1 the mixin also sits on the
+tree-verifying runner (`conditioned_tree_runner.py`, `conditioned_tree_runner_gpu.py`), where a
+step's committed rows are the root and the accepted path through the trie.
+`specdiff_engine_args` and `vllm-specdiff serve/generate/bench` add the right one when the drafter
+reads the verifier (`workers.worker_engine_args`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,8 @@ def committed_rows(query_start: np.ndarray, sampled: list[list[int]],
 
 
 class ConditionedRunner:
-    """Mixin placed before vLLM's model runner (CPU or GPU)."""
+    """Mixin placed before vLLM's model runner (CPU or GPU), or before the tree-verifying one
+    (`conditioned_tree_runner`)."""
 
     def load_model(self, *args: Any, **kwargs: Any) -> None:
         proposer = getattr(self, "drafter", None)
@@ -58,6 +61,13 @@ class ConditionedRunner:
         if taps:
             self.use_aux_hidden_state_outputs = True
             self.model.set_aux_hidden_state_layers(tuple(t + AUX_LAYER_OFFSET for t in taps))
+
+    def _committed_row_index(self, batch_index: int, start: int, count: int
+                             ) -> slice | list[int]:
+        """The rows of a request's `count` committed positions, in position order: a chain
+        commits its first scheduled rows; a trie's accepted path is not contiguous
+        (`conditioned_tree_runner` overrides this)."""
+        return slice(start, start + count)
 
     def propose_draft_token_ids(self, scheduler_output: Any, sampled_token_ids: Any,
                                 sampling_metadata: Any, hidden_states: torch.Tensor,
@@ -76,9 +86,10 @@ class ConditionedRunner:
             counts = committed_rows(query_start, sampled_token_ids,
                                     None if spec_decode_metadata is None
                                     else spec_decode_metadata.num_draft_tokens)
-            updates = [(req_id, features[lo:lo + n], pos) for req_id, lo, n, pos in zip(
-                self.input_batch.req_ids[:num_reqs], starts.tolist(), counts, first,
-                strict=True)]
+            updates = [(req_id, features[self._committed_row_index(i, lo, n)], pos)
+                       for i, (req_id, lo, n, pos) in enumerate(zip(
+                           self.input_batch.req_ids[:num_reqs], starts.tolist(), counts, first,
+                           strict=True))]
             proposer.observe_features(updates, getattr(scheduler_output, "finished_req_ids", ()))
         return super().propose_draft_token_ids(  # type: ignore[misc]
             scheduler_output, sampled_token_ids, sampling_metadata, hidden_states,

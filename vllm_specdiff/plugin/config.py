@@ -24,7 +24,6 @@ from typing import Any
 from vllm_specdiff.adaptive import DRAFT_MARGIN
 from vllm_specdiff.core import DEFAULT_GAMMA
 from vllm_specdiff.drafter.quantize import QUANTIZE_MODES
-from vllm_specdiff.plugin.workers import reads_verifier
 
 __all__ = ["DEFAULT_GAMMA", "OPTIONS", "SECTION", "SpecDiffConfig", "parse_specdiff_config"]
 
@@ -346,9 +345,6 @@ def _check_together(c: SpecDiffConfig, gamma: int | None, given: dict[str, str])
     if gamma is not None and c.steps > gamma:
         raise ValueError(f"{_opt('steps')}={c.steps} exceeds num_speculative_tokens={gamma}")
     check_paths(c.drafter, c.lora)
-    if reads_verifier(c.drafter) and (c.num_drafts > 1 or c.lora is not None):
-        raise ValueError(f"a conditioned {_opt('drafter')} (one that reads the verifier's "
-                         f"hidden states) is served with {k} = 1 and no {_opt('lora')} so far")
     if c.candidates[0] != "argmax":
         raise ValueError(f"{_opt('candidates')} must start with 'argmax' (candidate 0 is the "
                          f"argmax draft), got {list(c.candidates)!r}")

@@ -42,7 +42,12 @@ from vllm_specdiff.plugin.proposer_adaptive import AdaptiveLengths
 from vllm_specdiff.plugin.proposer_rows import Pending, Row, signature
 from vllm_specdiff.plugin.proposer_stats import ProposerStats, specdiff_logger
 from vllm_specdiff.plugin.vllm_plugin import install_vllm_fixes
-from vllm_specdiff.plugin.workers import conditioned_worker, reads_verifier, tree_worker
+from vllm_specdiff.plugin.workers import (
+    conditioned_tree_worker,
+    conditioned_worker,
+    reads_verifier,
+    tree_worker,
+)
 
 WARM_UP_CONTEXT = 32  # tokens of the start-up draft's dummy context
 WARM_UP_ID = "specdiff-warm-up"  # its request id in a conditioned drafter's context cache
@@ -143,7 +148,9 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         from vllm_specdiff.drafter import load_drafter
 
         if self.config.num_drafts > 1 and not self.trees_enabled:
-            worker = tree_worker()
+            # a conditioned drafter's tree worker also captures the verifier's states
+            worker = conditioned_tree_worker() if reads_verifier(self.config.drafter) \
+                else tree_worker()
             raise ValueError(f"additional_config['specdiff']['num_drafts'] = "
                              f"{self.config.num_drafts} needs the "
                              f"tree-verifying worker: add worker_cls={worker!r} "
@@ -161,7 +168,8 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
         conditioned = reads_verifier(path)
         if conditioned and not self.feature_runner:
-            worker = conditioned_worker()
+            worker = conditioned_tree_worker() if self.config.num_drafts > 1 \
+                else conditioned_worker()
             raise ValueError(f"the drafter {path} reads the verifier's hidden states and needs "
                              f"the worker that captures them: add worker_cls={worker!r} "
                              f"(--worker-cls {worker}; specdiff_engine_args and vllm-specdiff "
@@ -376,20 +384,25 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         finished (their contexts are dropped)."""
         if self.contexts is None:
             return
+        start = self.clock()
         for req_id in finished or ():
             self.contexts.drop(req_id)
         for req_id, features, first in updates:
             self.contexts.extend(req_id, features, first)
         self._row_requests = [req_id for req_id, _, _ in updates]
+        with self._lock:  # projecting the context is drafting work: the step's drafter share
+            self.drafter_seconds += self.clock() - start
 
     def _conditioned_logits(self, contexts: list[torch.Tensor], indices: list[int],
                             length: int) -> torch.Tensor:
         """[B, length, V] over the verifier's vocabulary, one block per row, from each request's
-        cached context; the anchor (the last committed token) sits right after it."""
+        cached context; the anchor (the last committed token) sits right after it. The rows'
+        token ids go along: the cache records them to reuse a prompt prefix vLLM's prefix cache
+        skipped (ConditionedContextCache)."""
         assert self.contexts is not None
         anchors = torch.tensor([int(c[-1]) for c in contexts])
         logits = self.contexts.block_logits([self._row_requests[i] for i in indices], anchors,
-                                            [c.shape[0] - 1 for c in contexts])
+                                            [c.shape[0] - 1 for c in contexts], contexts)
         return self.drafter.to_verifier_vocab(logits[:, :length])
 
     def _tree_drafts(self, logits: torch.Tensor, group: list[int], contexts: list[torch.Tensor],

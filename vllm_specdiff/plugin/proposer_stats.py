@@ -77,6 +77,7 @@ class ProposerStats:
         if contexts is not None:  # a drafter that reads the verifier: its context store
             out["context_restarts"] = contexts.restarts
             out["context_bytes"] = contexts.nbytes
+            out["context_prefix_hits"] = contexts.prefix_hits
         if self.config.num_drafts > 1:
             steps = self.tree_stats.steps
             out["tree"] = {**self.tree_stats.to_dict(),

@@ -4,7 +4,8 @@ for `specdiff_engine_args`, `vllm-specdiff serve/generate/bench` and the start-u
 vLLM's own worker serves a drafter of token ids at num_drafts = 1; num_drafts > 1 needs the
 tree-verifying worker (tree_runner.py, tree_runner_gpu.py) and a drafter that reads the verifier's
 hidden states needs the worker that captures them (conditioned_runner.py,
-conditioned_runner_gpu.py).
+conditioned_runner_gpu.py); such a drafter at num_drafts > 1 needs one that does both
+(conditioned_tree_runner.py, conditioned_tree_runner_gpu.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ GPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner_gpu.SpecDiffGPUWorker"
 CPU_CONDITIONED_WORKER = "vllm_specdiff.plugin.conditioned_runner.SpecDiffConditionedCPUWorker"
 GPU_CONDITIONED_WORKER = \
     "vllm_specdiff.plugin.conditioned_runner_gpu.SpecDiffConditionedGPUWorker"
+# ... and at num_drafts > 1, the worker that verifies tries and captures them
+CPU_CONDITIONED_TREE_WORKER = \
+    "vllm_specdiff.plugin.conditioned_tree_runner.SpecDiffConditionedTreeCPUWorker"
+GPU_CONDITIONED_TREE_WORKER = \
+    "vllm_specdiff.plugin.conditioned_tree_runner_gpu.SpecDiffConditionedTreeGPUWorker"
 # CUDA: the tree rows are recomputed around each attention call, so attention must stay out of
 # CUDA graphs (piecewise graphs keep it between the pieces).
 TREE_CUDA_COMPILATION_CONFIG = {"cudagraph_mode": "PIECEWISE"}
@@ -51,12 +57,19 @@ def tree_worker(platform: Any = None) -> str:
                          f"{NUM_DRAFTS} > 1 (tree verification; use num_drafts = 1 elsewhere)")
 
 
-def tree_engine_args(platform: Any = None) -> dict[str, Any]:
-    """The engine arguments num_drafts > 1 needs on this platform: the tree-verifying worker,
-    async scheduling off and, on CUDA, attention outside CUDA graphs."""
-    worker = tree_worker(platform)
+def conditioned_tree_worker(platform: Any = None) -> str:
+    """worker_cls for a drafter that reads the verifier at num_drafts > 1."""
+    return _for_platform(platform, CPU_CONDITIONED_TREE_WORKER, GPU_CONDITIONED_TREE_WORKER,
+                         f"a conditioned {DRAFTER} with {NUM_DRAFTS} > 1")
+
+
+def tree_engine_args(platform: Any = None, conditioned: bool = False) -> dict[str, Any]:
+    """The engine arguments num_drafts > 1 needs on this platform: the tree-verifying worker
+    (for a drafter that reads the verifier, the one that also captures its states), async
+    scheduling off and, on CUDA, attention outside CUDA graphs."""
+    worker = conditioned_tree_worker(platform) if conditioned else tree_worker(platform)
     args: dict[str, Any] = {"worker_cls": worker, "async_scheduling": False}
-    if worker == GPU_TREE_WORKER:
+    if worker in (GPU_TREE_WORKER, GPU_CONDITIONED_TREE_WORKER):
         args["compilation_config"] = dict(TREE_CUDA_COMPILATION_CONFIG)
     return args
 
@@ -81,10 +94,12 @@ def conditioned_worker(platform: Any = None) -> str:
 
 
 def worker_engine_args(config: WorkerSettings, platform: Any = None) -> dict[str, Any]:
-    """The engine arguments these settings need beyond the two dicts: the feature-capturing
-    worker for a conditioned drafter, the tree-verifying one for num_drafts > 1, else none."""
-    if reads_verifier(config.drafter):
-        return {"worker_cls": conditioned_worker(platform)}
+    """The engine arguments these settings need beyond the two dicts: for num_drafts > 1 the
+    tree-verifying worker (feature-capturing too for a conditioned drafter) and its settings,
+    for a conditioned drafter at num_drafts = 1 the feature-capturing worker, else none."""
+    conditioned = reads_verifier(config.drafter)
     if config.num_drafts > 1:
-        return tree_engine_args(platform)
+        return tree_engine_args(platform, conditioned=conditioned)
+    if conditioned:
+        return {"worker_cls": conditioned_worker(platform)}
     return {}

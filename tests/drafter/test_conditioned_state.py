@@ -1,0 +1,216 @@
+"""The conditioned drafter's per-request context cache: amortised appends, batching, the byte
+bound with retired entries, and reuse of a prompt prefix vLLM's prefix cache skipped."""
+
+import pytest
+import torch
+
+from vllm_specdiff.drafter.conditioned import ConditionedConfig, ConditionedDrafter
+from vllm_specdiff.drafter.conditioned_state import ConditionedContextCache
+
+H, TAPS, VOCAB, GAMMA = 32, (0, 1), 96, 4
+
+
+@pytest.fixture(scope="module")
+def drafter():
+    cfg = ConditionedConfig(hidden_size=H, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=8, intermediate_size=64, vocab_size=VOCAB,
+                            target_layer_ids=TAPS, num_hidden_layers=2, block_size=GAMMA + 1,
+                            max_position_embeddings=128, verifier_num_layers=3)
+    torch.manual_seed(0)
+    model = ConditionedDrafter(cfg)
+    with torch.no_grad():  # large weights: every context position visibly moves the logits
+        for p in model.parameters():
+            p.normal_(0, 0.3) if p.dim() == 2 else p.normal_(1, 0.1)
+    return model.eval()
+
+
+def _seq(seed: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [length] and their (stand-in) verifier features [length, taps*H]."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randint(0, VOCAB, (length,), generator=gen),
+            torch.randn(length, H * len(TAPS), generator=gen))
+
+
+def _teacher_forced(drafter, ids: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+    """Block logits [gamma, V] with the whole context projected at once (anchor: ids[-1])."""
+    n = ids.shape[0]
+    return drafter.window_logits(ids[None], torch.tensor([[n]]), GAMMA, feats[None])[0, 0]
+
+
+def _feed(cache, req_id: str, feats: torch.Tensor, lo: int, hi: int) -> None:
+    """Feed positions lo..hi-1 one step at a time (as decode steps arrive)."""
+    for p in range(lo, hi):
+        cache.extend(req_id, feats[p:p + 1], p)
+
+
+@torch.no_grad()
+def test_appends_over_many_steps_equal_projecting_the_whole_context(drafter):
+    ids, feats = _seq(0, 70)
+    cache = ConditionedContextCache(drafter)
+    cache.extend("r", feats[:6], 0)  # a prefill chunk, then single decode steps
+    buffers = set()
+    for p in range(6, 69):
+        cache.extend("r", feats[p:p + 1], p)
+        buffers.add(cache.entries["r"].kv.data_ptr())
+    entry = cache.entries["r"]
+    assert (entry.start, entry.end) == (0, 69)
+    # amortised: the buffer doubled a few times (6 -> 12 -> 24 -> 48 -> 96), not once per step
+    assert len(buffers) <= 4 and entry.kv.shape[3] == 96
+    assert cache.nbytes == entry.kv.numel() * entry.kv.element_size()  # capacity, not length
+    whole = drafter.context_kv(drafter.context(feats[None, :69]), torch.arange(69)[None])
+    for layer, (k, v) in enumerate(whole):
+        torch.testing.assert_close(entry.keys[layer], k[0], rtol=0, atol=1e-5)
+        torch.testing.assert_close(entry.values[layer], v[0], rtol=0, atol=1e-5)
+    got = cache.block_logits(["r"], ids[68:69], [68], [ids[:69]])[0]
+    torch.testing.assert_close(got, _teacher_forced(drafter, ids[:69], feats[:69]),
+                               rtol=0, atol=1e-5)
+    assert cache.restarts == 0 and cache.prefix_hits == 0
+    # the token buffer grows the same way: recorded once, then only the new tail
+    assert torch.equal(entry.tokens[:entry.num_tokens], ids[:69])
+
+
+@torch.no_grad()
+def test_a_batch_of_different_lengths_drafts_each_row_as_alone(drafter):
+    lengths = {"a": 5, "b": 17, "c": 30, "d": 1}  # "d": a one-token prompt, an empty context
+    seqs = {r: _seq(10 + i, n) for i, (r, n) in enumerate(lengths.items())}
+    cache = ConditionedContextCache(drafter)
+    for r, (ids, feats) in seqs.items():
+        cache.extend(r, feats[:len(ids) - 1], 0)
+    order = ["c", "a", "d", "b"]
+    args = (torch.stack([seqs[r][0][-1] for r in order]), [lengths[r] - 1 for r in order],
+            [seqs[r][0] for r in order])
+    batch = cache.block_logits(order, *args)
+    for i, r in enumerate(order):
+        alone = cache.block_logits([r], args[0][i:i + 1], [args[1][i]], [args[2][i]])[0]
+        torch.testing.assert_close(batch[i], alone, rtol=0, atol=1e-5)
+        torch.testing.assert_close(alone, _teacher_forced(drafter, *seqs[r]), rtol=0, atol=1e-5)
+    assert cache.restarts == 0
+
+
+def _prefix_pair(shared: int, total: int, changed_at: int | None = None):
+    """A finished request "a" and a new one "b" whose first `shared` tokens (and so features)
+    equal a's; with changed_at, b's token there differs (the same features: only the token
+    check can tell)."""
+    ids_a, feats_a = _seq(20, total)
+    ids_b, feats_b = _seq(21, total)
+    ids_b[:shared], feats_b[:shared] = ids_a[:shared], feats_a[:shared]
+    if changed_at is not None:
+        ids_b[changed_at] = (ids_b[changed_at] + 1) % VOCAB
+    return (ids_a, feats_a), (ids_b, feats_b)
+
+
+def _run_a_then_b(drafter, shared: int, changed_at: int | None = None, drop_a: bool = True,
+                  a_len: int = 30):
+    """"a" prefills from 0, drafts twice, (finishes); "b" arrives with its first `shared`
+    positions prefix-cached (features from `shared` on), decodes two steps, drafts."""
+    (ids_a, feats_a), (ids_b, feats_b) = _prefix_pair(shared, 40, changed_at)
+    cache = ConditionedContextCache(drafter)
+    cache.extend("a", feats_a[:a_len - 2], 0)
+    cache.block_logits(["a"], ids_a[a_len - 2:a_len - 1], [a_len - 2], [ids_a[:a_len - 1]])
+    cache.extend("a", feats_a[a_len - 2:a_len - 1], a_len - 2)
+    cache.block_logits(["a"], ids_a[a_len - 1:a_len], [a_len - 1], [ids_a[:a_len]])
+    if drop_a:
+        cache.drop("a")
+        assert "a" in cache.retired and "a" not in cache.entries
+    n = 24  # b's committed tokens at its first draft; the anchor is token n-1
+    cache.extend("b", feats_b[shared:n - 2], shared)  # prefill of the uncached part
+    _feed(cache, "b", feats_b, n - 2, n - 1)
+    got = cache.block_logits(["b"], ids_b[n - 1:n], [n - 1], [ids_b[:n]])[0]
+    return cache, got, _teacher_forced(drafter, ids_b[:n], feats_b[:n])
+
+
+@torch.no_grad()
+def test_a_prefix_cached_request_reuses_a_finished_requests_context(drafter):
+    cache, got, want = _run_a_then_b(drafter, shared=16)
+    assert (cache.prefix_hits, cache.restarts) == (1, 0)
+    assert cache.entries["b"].start == 0
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)  # as if fed from position 0
+
+
+@torch.no_grad()
+def test_a_prefix_cached_request_reuses_a_running_requests_context(drafter):
+    cache, got, want = _run_a_then_b(drafter, shared=16, drop_a=False)
+    assert (cache.prefix_hits, cache.restarts) == (1, 0)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
+    assert cache.entries["a"].end == 29  # the donor is untouched
+
+
+@torch.no_grad()
+def test_no_reuse_when_a_prefix_token_differs_or_the_donor_is_short(drafter):
+    cache, got, want = _run_a_then_b(drafter, shared=16, changed_at=3)
+    assert (cache.prefix_hits, cache.restarts) == (0, 1)
+    assert cache.entries["b"].start == 16  # drafted from its own positions only
+    assert not torch.allclose(got, want, atol=1e-3)
+    # a donor whose recorded span stops before b's first position does not qualify either
+    cache, got, want = _run_a_then_b(drafter, shared=16, a_len=12)
+    assert (cache.prefix_hits, cache.restarts) == (0, 1)
+    assert not torch.allclose(got, want, atol=1e-3)
+
+
+@torch.no_grad()
+def test_positions_jumping_back_keep_the_requests_own_context(drafter):
+    """Preemption with recomputation from a prefix-cache hit: the request's own K/V up to the
+    new first position stay (same tokens), no restart."""
+    ids, feats = _seq(30, 40)
+    cache = ConditionedContextCache(drafter)
+    cache.extend("r", feats[:20], 0)
+    cache.extend("r", feats[8:25], 8)
+    assert (cache.entries["r"].start, cache.entries["r"].end) == (0, 25)
+    got = cache.block_logits(["r"], ids[25:26], [25], [ids[:26]])[0]
+    torch.testing.assert_close(got, _teacher_forced(drafter, ids[:26], feats[:26]),
+                               rtol=0, atol=1e-5)
+    assert cache.restarts == 0
+
+
+@torch.no_grad()
+def test_the_byte_bound_holds_with_retired_entries_which_go_first(drafter):
+    ids, feats = _seq(40, 20)
+    cache = ConditionedContextCache(drafter)
+    for r in ("a", "b", "c"):
+        cache.extend(r, feats[:10], 0)
+        cache.block_logits([r], ids[10:11], [10], [ids[:11]])
+    one = cache.entries["a"].nbytes
+    cache.max_bytes = 3 * one  # room for three entries
+    cache.drop("a")
+    assert list(cache.retired) == ["a"] and cache.nbytes <= cache.max_bytes
+    cache.extend("d", feats[:10], 0)  # four entries' bytes: one must go
+    cache.block_logits(["d"], ids[10:11], [10], [ids[:11]])
+    assert not cache.retired  # the retired "a" went, not the idle running "b"
+    assert list(cache.entries) == ["b", "c", "d"] and cache.nbytes <= cache.max_bytes
+    # retiring into a full store evicts retired entries (oldest first), never running ones
+    cache.max_bytes = 3 * one - 1
+    cache.drop("b")
+    assert not cache.retired and cache.nbytes <= cache.max_bytes
+    assert list(cache.entries) == ["c", "d"]
+    # and the count of retired entries is bounded too
+    cache = ConditionedContextCache(drafter, max_retired=2)
+    for r in ("a", "b", "c"):
+        cache.extend(r, feats[:10], 0)
+        cache.block_logits([r], ids[10:11], [10], [ids[:11]])
+        cache.drop(r)
+    assert list(cache.retired) == ["b", "c"]
+    # a request fed but never drafted has no recorded tokens: nothing to match, not retired
+    cache.extend("e", feats[:10], 0)
+    cache.drop("e")
+    assert "e" not in cache.retired
+
+
+@torch.no_grad()
+def test_an_int8_drafter_serves_from_the_cache(drafter):
+    import copy
+
+    from vllm_specdiff.drafter.quantize import quantize_drafter
+
+    quantized = quantize_drafter(copy.deepcopy(drafter), "int8")
+    ids, feats = _seq(50, 30)
+    cache = ConditionedContextCache(quantized)
+    cache.extend("a", feats[:20], 0)
+    _feed(cache, "a", feats, 20, 29)
+    logits = cache.block_logits(["a"], ids[29:30], [29], [ids[:30]])
+    assert logits.shape == (1, GAMMA, VOCAB) and torch.isfinite(logits).all()
+    cache.drop("a")
+    ids_b = ids.clone()
+    ids_b[25:] = (ids_b[25:] + 1) % VOCAB
+    cache.extend("b", feats[16:24], 16)
+    logits = cache.block_logits(["b"], ids_b[24:25], [24], [ids_b[:25]])
+    assert cache.prefix_hits == 1 and torch.isfinite(logits).all()
