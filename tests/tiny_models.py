@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+CONDITIONED_GAMMA = 4  # block of the tiny conditioned drafter (tests/engine/conftest.py)
+
 WORDS = 300
 SPECIALS = ["<unk>", "<s>", "</s>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (

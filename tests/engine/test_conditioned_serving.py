@@ -11,7 +11,6 @@ the rows of committed tokens or the context positions would change the drafts, h
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import pytest
@@ -20,45 +19,22 @@ import torch
 from vllm_specdiff.drafter.conditioned import ConditionedDrafter
 from vllm_specdiff_training.export import ExportConfig, run_export
 from vllm_specdiff_training.features import TapModel
-from vllm_specdiff_training.generate import GenerateConfig, run_generate
-from vllm_specdiff_training.trainer import TrainConfig, run_train
 
-from ..tiny_models import write_cycle_verifier
+from ..tiny_models import CONDITIONED_GAMMA
 
-GAMMA, MAX_TOKENS = 4, 24
+GAMMA, MAX_TOKENS = CONDITIONED_GAMMA, 24
 
 
 @pytest.fixture(scope="module")
-def cycle_verifier(tmp_path_factory):
-    """Greedy text that mostly settles into a 20-word loop (learnable, so acceptance is not
-    zero), with layers whose outputs differ (so a tap one layer off reads other states)."""
-    return write_cycle_verifier(tmp_path_factory.mktemp("cycle") / "verifier",
-                                cycle=list(range(10, 30)), layer_scale=0.5)
-
-
-@pytest.fixture(scope="module")
-def exported(cycle_verifier, tmp_path_factory):
-    tiny_verifier = cycle_verifier
+def exported(cycle_verifier, conditioned_run, tmp_path_factory):
+    """(dflash export, the drafter in torch, the drafter directory) of conftest's drafter."""
+    run, model = conditioned_run
     work = tmp_path_factory.mktemp("dflash")
-    prompts = work / "prompts.jsonl"
-    gen = torch.Generator().manual_seed(0)
-    prompts.write_text("".join(json.dumps(
-        " ".join(f"w{int(t)}" for t in torch.randint(0, 300, (6,), generator=gen))) + "\n"
-        for _ in range(48)))
-    run_generate(GenerateConfig(verifier=str(tiny_verifier), prompts=str(prompts),
-                                output=str(work / "data"), num_samples=1, temperature=0.0,
-                                max_new_tokens=32, chunk_size=16, backend="transformers",
-                                chat_template=False))
-    summary = run_train(TrainConfig(
-        data=str(work / "data"), output=str(work / "run"), init_from=str(tiny_verifier),
-        arch="conditioned", num_layers=1, num_taps=1, gamma=GAMMA, finetune="full",
-        loss="ce-decay", steps=120, lr=1e-2, warmup_steps=5, schedule="constant",
-        batch_size=8, windows_per_seq=8, heldout_fraction=0.1, save_every=120))
     out = work / "dflash"
-    run_export(ExportConfig(run=str(work / "run"), verifier=str(tiny_verifier),
-                            output=str(out), format="dflash"))
-    drafter = ConditionedDrafter.from_pretrained(summary["model"], tiny_verifier).eval()
-    return out, drafter, summary["model"]
+    run_export(ExportConfig(run=str(run), verifier=str(cycle_verifier), output=str(out),
+                            format="dflash"))
+    drafter = ConditionedDrafter.from_pretrained(model, cycle_verifier).eval()
+    return out, drafter, str(model)
 
 
 PROMPTS = [[5 + (7 * i + 3 * j) % 300 for j in range(8)] for i in range(4)]

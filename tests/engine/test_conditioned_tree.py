@@ -18,53 +18,28 @@ reference does: int8 weights move the logits enough to change the sampled candid
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
 from vllm_specdiff.core.candidates import candidate_drafts
 from vllm_specdiff.drafter.conditioned import ConditionedDrafter
 from vllm_specdiff_training.features import TapModel
-from vllm_specdiff_training.generate import GenerateConfig, run_generate
-from vllm_specdiff_training.trainer import TrainConfig, run_train
 
-from ..tiny_models import write_cycle_verifier
+from ..tiny_models import CONDITIONED_GAMMA
 
 pytestmark = pytest.mark.vllm
 
-GAMMA, MAX_TOKENS, DRAFTER_T, SEED = 4, 24, 1.0, 0
+GAMMA, MAX_TOKENS, DRAFTER_T, SEED = CONDITIONED_GAMMA, 24, 1.0, 0
 PROMPTS = [[5 + (7 * i + 3 * j) % 300 for j in range(8)] for i in range(4)]
 TEXT = MAX_TOKENS + GAMMA + 1  # greedy tokens the reference needs (the last step overshoots)
 
 
 @pytest.fixture(scope="module")
-def cycle_verifier(tmp_path_factory):
-    """As tests/engine/test_conditioned_serving.py: learnable greedy text, distinct layers."""
-    return write_cycle_verifier(tmp_path_factory.mktemp("cycle") / "verifier",
-                                cycle=list(range(10, 30)), layer_scale=0.5)
-
-
-@pytest.fixture(scope="module")
-def trained(cycle_verifier, tmp_path_factory):
-    """(drafter directory, the drafter in torch) trained for seconds on greedy text."""
-    work = tmp_path_factory.mktemp("conditioned-tree")
-    prompts = work / "prompts.jsonl"
-    gen = torch.Generator().manual_seed(0)
-    prompts.write_text("".join(json.dumps(
-        " ".join(f"w{int(t)}" for t in torch.randint(0, 300, (6,), generator=gen))) + "\n"
-        for _ in range(48)))
-    run_generate(GenerateConfig(verifier=str(cycle_verifier), prompts=str(prompts),
-                                output=str(work / "data"), num_samples=1, temperature=0.0,
-                                max_new_tokens=32, chunk_size=16, backend="transformers",
-                                chat_template=False))
-    summary = run_train(TrainConfig(
-        data=str(work / "data"), output=str(work / "run"), init_from=str(cycle_verifier),
-        arch="conditioned", num_layers=1, num_taps=1, gamma=GAMMA, finetune="full",
-        loss="ce-decay", steps=120, lr=1e-2, warmup_steps=5, schedule="constant",
-        batch_size=8, windows_per_seq=8, heldout_fraction=0.1, save_every=120))
-    drafter = ConditionedDrafter.from_pretrained(summary["model"], cycle_verifier).eval()
-    return summary["model"], drafter
+def trained(cycle_verifier, conditioned_run):
+    """(drafter directory, the drafter in torch): conftest's briefly trained drafter."""
+    model = conditioned_run[1]
+    drafter = ConditionedDrafter.from_pretrained(model, cycle_verifier).eval()
+    return str(model), drafter
 
 
 @pytest.fixture(scope="module")

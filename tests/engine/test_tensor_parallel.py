@@ -24,14 +24,13 @@ import pytest
 
 from tests.tiny_models import speculative_args, word_prompt
 
-# the briefly trained conditioned drafter, its tiny verifier and the plain-torch reference
+# the plain-torch reference of conftest's briefly trained conditioned drafter
 from .test_conditioned_serving import GAMMA as CONDITIONED_GAMMA
 from .test_conditioned_serving import (  # noqa: F401 (fixtures)
     MAX_TOKENS,
     PROMPTS,
     _common,
     _decode,
-    cycle_verifier,
     exported,
     reference,
 )

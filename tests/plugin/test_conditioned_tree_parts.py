@@ -8,22 +8,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from .fake_platforms import CPU, CUDA, ROCM
+
 pytestmark = pytest.mark.vllm
 
 
-class FakePlatform:
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.device_name = kind
-
-    def is_cpu(self) -> bool:
-        return self.kind == "cpu"
-
-    def is_cuda(self) -> bool:
-        return self.kind == "cuda"
-
-
-CPU, CUDA, ROCM = FakePlatform("cpu"), FakePlatform("cuda"), FakePlatform("rocm")
 
 
 def test_path_rows_are_the_root_then_the_accepted_nodes():
