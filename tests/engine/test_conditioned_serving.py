@@ -203,3 +203,35 @@ def test_chunked_prefill_and_the_defaults_keep_every_position(cycle_verifier, ex
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     assert [list(o.outputs[0].token_ids) for o in outs] == \
         [reference_accepted(cycle_verifier, exported[1], p, MAX_TOKENS)[0] for p in PROMPTS]
+
+
+def test_preemption_keeps_the_output_and_each_requests_context(cycle_verifier, exported):
+    """A KV cache too small for the batch makes vLLM preempt requests and recompute them: a
+    resumed request's states arrive again from an earlier position, and its context must be cut
+    back there (not restarted, not duplicated) while the output stays plain decoding's."""
+    from vllm import LLM, SamplingParams
+
+    from tests.tiny_models import preempting_engine_kwargs
+    from vllm_specdiff.plugin.engine import specdiff_engine_args, specdiff_stats
+
+    prompts = [[5 + (7 * i + 3 * j) % 300 for j in range(5 + 13 * i)] for i in range(10)]
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+
+    def run(llm) -> list[list[int]]:
+        return [list(o.outputs[0].token_ids) for o in llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)]
+
+    engine = preempting_engine_kwargs(cycle_verifier)
+    plain = LLM(**engine)
+    want = run(plain)
+    del plain
+    llm = LLM(**engine, **specdiff_engine_args(GAMMA, drafter=exported[2], log_interval=0,
+                                               adaptive=False, candidates=["argmax", "sample"]))
+    assert run(llm) == want
+    preemptions = sum(getattr(m, "value", 0) or 0 for m in llm.get_metrics()
+                      if m.name == "vllm:num_preemptions")
+    assert preemptions > 0, "no preemption happened"
+    proposer = specdiff_stats(llm)["proposer"]
+    assert proposer["context_restarts"] == 0
+    accepted = {m.name: m for m in llm.get_metrics()}["vllm:spec_decode_num_accepted_tokens"]
+    assert accepted.value > 0
