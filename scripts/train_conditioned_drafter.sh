@@ -32,7 +32,7 @@ NICE="nice -n ${SPECDIFF_NICE:-19}"
 STEPS="${SPECDIFF_TRAIN_STEPS:-20000}"
 MODELS="$("$BIN/vllm-specdiff" models)"
 V="$(sed -n 's/^verifier: //p' <<<"$MODELS")"
-STANDALONE="$(sed -n 's/^drafter: //p' <<<"$MODELS")"
+STANDALONE="$(sed -n 's/^standalone drafter: //p' <<<"$MODELS")"
 # The design comparison's data: the first 8 shards (512 prompts) of the completion corpus's greedy
 # continuations, fixed so that both designs are measured on the same held-out windows.
 DATA="${SPECDIFF_CONDITIONED_DATA:-$CACHE/data/design-compare}"

@@ -100,7 +100,7 @@ if [ "$STAGE" = continue ]; then
   # without its d2t table, as stage 2 trained; export picks the reduced head again
   START="$CACHE/drafters/shipped-start"
   if [ ! -f "$START/model.safetensors" ]; then
-    D="$("$BIN/vllm-specdiff" models | sed -n 's/^drafter: //p')"
+    D="$("$BIN/vllm-specdiff" models | sed -n 's/^standalone drafter: //p')"
     mkdir -p "$START"
     cp "$D"/* "$START"/
     rm -f "$START/d2t.safetensors"

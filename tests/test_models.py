@@ -39,3 +39,50 @@ def test_drafter_env_overrides_default(monkeypatch, tmp_path, tiny_drafter):
     monkeypatch.setenv(models.DRAFTER_ENV, str(tmp_path))
     with pytest.raises(FileNotFoundError, match=models.DRAFTER_ENV):
         models.prepare_drafter()
+
+
+def test_default_drafter_kind_switches_the_default(monkeypatch, tmp_path):
+    """One constant picks the default drafter; the conditioned one is used in place (no build),
+    the standalone one stays reachable by its own path."""
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv(models.DRAFTER_ENV, raising=False)
+    assert models.DEFAULT_DRAFTER_KIND == "standalone"  # the benchmark decides the flip
+    assert models.default_drafter_dir() == models.standalone_drafter_dir()
+    assert models.standalone_drafter_dir().parent == tmp_path / "drafters"
+
+    monkeypatch.setattr(models, "DEFAULT_DRAFTER_KIND", "conditioned")
+    monkeypatch.setattr(models, "_build_once", lambda *a: pytest.fail("built a drafter"))
+    assert models.default_drafter_dir() == models.CONDITIONED_DRAFTER
+    assert models.prepare_drafter() == models.CONDITIONED_DRAFTER
+    assert models.standalone_drafter_dir().parent == tmp_path / "drafters"
+
+    monkeypatch.setattr(models, "DEFAULT_DRAFTER_KIND", "other")
+    with pytest.raises(ValueError, match="DEFAULT_DRAFTER_KIND"):
+        models.default_drafter_dir()
+
+
+def test_drafter_env_wins_over_the_kind(monkeypatch, tiny_drafter):
+    monkeypatch.setattr(models, "DEFAULT_DRAFTER_KIND", "conditioned")
+    monkeypatch.setenv(models.DRAFTER_ENV, str(tiny_drafter))
+    assert models.default_drafter_dir() == tiny_drafter
+    assert models.prepare_drafter() == tiny_drafter
+
+
+def test_models_command_prints_the_default_and_both_drafters(monkeypatch, tmp_path, capsys):
+    """`drafter:` stays the default (scripts parse it); both kinds are printed by name."""
+    import argparse
+
+    from vllm_specdiff.commands import models as command
+
+    monkeypatch.delenv(models.DRAFTER_ENV, raising=False)
+    standalone = tmp_path / "standalone"
+    monkeypatch.setattr(models, "prepare_verifier", lambda force=False: tmp_path / "v")
+    monkeypatch.setattr(models, "prepare_standalone_drafter", lambda force=False: standalone)
+    for kind, default in (("standalone", standalone),
+                          ("conditioned", models.CONDITIONED_DRAFTER)):
+        monkeypatch.setattr(models, "DEFAULT_DRAFTER_KIND", kind)
+        assert command.run(argparse.Namespace(force=False)) == 0
+        lines = dict(line.split(": ", 1) for line in capsys.readouterr().out.splitlines())
+        assert lines == {"verifier": str(tmp_path / "v"), "drafter": str(default),
+                         "standalone drafter": str(standalone),
+                         "conditioned drafter": str(models.CONDITIONED_DRAFTER)}

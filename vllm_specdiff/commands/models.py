@@ -1,7 +1,9 @@
 """`vllm-specdiff models`: prepare the default models if needed and print where they are.
 
 Output is one `name: PATH` line per model, so scripts can read it
-(`vllm-specdiff models | sed -n 's/^verifier: //p'`).
+(`vllm-specdiff models | sed -n 's/^verifier: //p'`): `verifier`, `drafter` (the default
+drafter, `models.DEFAULT_DRAFTER_KIND`), then both shipped drafters by kind
+(`standalone drafter`, `conditioned drafter`), whichever is the default.
 """
 
 from __future__ import annotations
@@ -12,9 +14,12 @@ USES_VLLM = False
 
 
 def run(args: argparse.Namespace) -> int:
-    from vllm_specdiff.models import prepare_defaults
+    from vllm_specdiff import models
 
-    paths = prepare_defaults(force=args.force)
+    paths = models.prepare_defaults(force=args.force)
+    # both shipped drafters by path, so the one that is not the default stays usable
+    paths["standalone drafter"] = models.prepare_standalone_drafter(force=args.force)
+    paths["conditioned drafter"] = models.CONDITIONED_DRAFTER
     for name, path in paths.items():
         print(f"{name}: {path}", flush=True)
     return 0

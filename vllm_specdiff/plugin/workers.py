@@ -75,11 +75,17 @@ def tree_engine_args(platform: Any = None, conditioned: bool = False) -> dict[st
 
 
 def reads_verifier(drafter: str | None) -> bool:
-    """Whether a drafter directory reads the verifier's hidden states (`specdiff_conditioned`)."""
+    """Whether a drafter directory reads the verifier's hidden states (`specdiff_conditioned`).
+
+    None is the default drafter (`models.default_drafter_dir()`, so `models.DEFAULT_DRAFTER_KIND`
+    decides the worker too). The served model is not known here; None is assumed to mean the
+    default verifier, as `config.check_drafter_for` refuses None for any other model (unless
+    `$SPECDIFF_DRAFTER` names the drafter, which this resolves to as the proposer does)."""
+    from vllm_specdiff import models
     from vllm_specdiff.drafter.conditioned import MODEL_TYPE
 
     if drafter is None:
-        return False
+        drafter = str(models.default_drafter_dir())
     try:
         return json.loads((Path(drafter) / "config.json").read_text()).get("model_type") \
             == MODEL_TYPE
