@@ -214,3 +214,25 @@ def test_an_int8_drafter_serves_from_the_cache(drafter):
     cache.extend("b", feats[16:24], 16)
     logits = cache.block_logits(["b"], ids_b[24:25], [24], [ids_b[:25]])
     assert cache.prefix_hits == 1 and torch.isfinite(logits).all()
+
+
+@torch.no_grad()
+def test_a_batch_of_updates_projected_together_equals_each_request_fed_alone(drafter):
+    """extend_many projects every request's new positions in one call (each with its own RoPE
+    position); each request's K/V must be what feeding it alone gives."""
+    seqs = {f"r{i}": _seq(40 + i, n) for i, n in enumerate((9, 23, 4))}
+    alone, together = ConditionedContextCache(drafter), ConditionedContextCache(drafter)
+    for cut in ((0, 3), (3, 4), (4, 8)):  # a prefill chunk, then steps of 1 and 4 positions
+        updates = [(r, feats[cut[0]:cut[1]], cut[0]) for r, (_, feats) in seqs.items()]
+        for update in updates:
+            alone.extend(*update)
+        together.extend_many(updates)
+    for r in seqs:
+        a, b = alone.entries[r], together.entries[r]
+        assert (a.start, a.end) == (b.start, b.end) == (0, 8 if len(seqs[r][0]) >= 8 else 4)
+        torch.testing.assert_close(b.filled(), a.filled(), atol=1e-5, rtol=1e-5)
+    # negative control: the rows' positions matter (RoPE), so one shifted position shows
+    shifted = ConditionedContextCache(drafter)
+    shifted.extend_many([("r0", seqs["r0"][1][:3], 1)])
+    assert not torch.allclose(shifted.entries["r0"].filled(),
+                              alone.entries["r0"].filled()[:, :, :, :3], atol=1e-3)

@@ -164,25 +164,39 @@ class ConditionedContextCache:
         return (sum(e.nbytes for e in self.entries.values())
                 + sum(e.nbytes for e in self.retired.values()))
 
-    @torch.no_grad()
     def extend(self, req_id: str, features: torch.Tensor, first_position: int) -> None:
         """Add the verifier's features [n, taps*H] of positions first_position.. to a request."""
-        self.retired.pop(req_id, None)
-        entry = self.entries.get(req_id)
-        if entry is not None and entry.start <= first_position <= entry.end:
-            entry.truncate(first_position)  # in step, or back over its own positions
-        else:  # new, or jumped forward: a start > 0 is resolved (donor or restart) at its draft
-            entry = ContextEntry(start=first_position, pending=first_position > 0)
-            self.entries[req_id] = entry
-        self.entries.move_to_end(req_id)
-        if features.shape[0] == 0:
+        self.extend_many([(req_id, features, first_position)])
+
+    @torch.no_grad()
+    def extend_many(self, updates: list[tuple[str, torch.Tensor, int]]) -> None:
+        """`extend` for a whole batch: (request id, features [n, taps*H], first position) each.
+        All new positions are projected in one call (`fc`, then each layer's K/V with every
+        row's own RoPE position): at batch 16 one call per request costs more than the draft."""
+        pieces = []
+        for req_id, features, first_position in updates:
+            self.retired.pop(req_id, None)
+            entry = self.entries.get(req_id)
+            if entry is not None and entry.start <= first_position <= entry.end:
+                entry.truncate(first_position)  # in step, or back over its own positions
+            else:  # new, or jumped forward: a start > 0 is resolved (donor or restart) at its draft
+                entry = ContextEntry(start=first_position, pending=first_position > 0)
+                self.entries[req_id] = entry
+            self.entries.move_to_end(req_id)
+            if features.shape[0]:
+                pieces.append((entry, features, first_position))
+        if not pieces:
             return
         d = self.drafter
-        context = d.context(features.to(d.device)[None])
-        positions = torch.arange(first_position, first_position + features.shape[0],
-                                 device=context.device)[None]
-        new = d.context_kv(context, positions)
-        entry.append(torch.stack([torch.stack([k[0], v[0]]) for k, v in new]))
+        features = torch.cat([f for _, f, _ in pieces]).to(d.device)
+        positions = torch.cat([torch.arange(first, first + f.shape[0])
+                               for _, f, first in pieces]).to(d.device)
+        new = d.context_kv(d.context(features[None]), positions[None])
+        kv = torch.stack([torch.stack([k[0], v[0]]) for k, v in new])  # [L, 2, kv, T, D]
+        offset = 0
+        for entry, f, _ in pieces:
+            entry.append(kv[:, :, :, offset:offset + f.shape[0]])
+            offset += f.shape[0]
 
     def drop(self, req_id: str) -> None:
         """Forget a finished or aborted request; a complete entry with recorded tokens is kept

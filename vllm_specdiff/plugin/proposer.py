@@ -387,8 +387,7 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         start = self.clock()
         for req_id in finished or ():
             self.contexts.drop(req_id)
-        for req_id, features, first in updates:
-            self.contexts.extend(req_id, features, first)
+        self.contexts.extend_many(updates)
         self._row_requests = [req_id for req_id, _, _ in updates]
         with self._lock:  # projecting the context is drafting work: the step's drafter share
             self.drafter_seconds += self.clock() - start
