@@ -46,7 +46,7 @@ def test_default_drafter_kind_switches_the_default(monkeypatch, tmp_path):
     the standalone one stays reachable by its own path."""
     monkeypatch.setenv(models.CACHE_ENV, str(tmp_path))
     monkeypatch.delenv(models.DRAFTER_ENV, raising=False)
-    assert models.DEFAULT_DRAFTER_KIND == "standalone"  # the benchmark decides the flip
+    monkeypatch.setattr(models, "DEFAULT_DRAFTER_KIND", "standalone")
     assert models.default_drafter_dir() == models.standalone_drafter_dir()
     assert models.standalone_drafter_dir().parent == tmp_path / "drafters"
 

@@ -44,8 +44,10 @@ DEFAULT_DRAFTER_LAYERS = 4
 DRAFTER_NAME = f"{VERIFIER_NAME}-blockcausal-L{DEFAULT_DRAFTER_LAYERS}"
 # Which shipped drafter is the default verifier's default drafter. The one switch:
 # "conditioned" makes CONDITIONED_DRAFTER the default everywhere (proposer, worker choice,
-# `vllm-specdiff models`); "standalone" is SHIPPED_DRAFTER, assembled into the cache.
-DEFAULT_DRAFTER_KIND: Literal["standalone", "conditioned"] = "standalone"
+# `vllm-specdiff models`); "standalone" is SHIPPED_DRAFTER, assembled into the cache. The
+# conditioned drafter is the default since it beat the standalone one with the defaults at batch
+# 1 (benchmarks/results/2026-12-06/conditioned/b1_t0.json) and tied it at batch 16 (b16_t0.json).
+DEFAULT_DRAFTER_KIND: Literal["standalone", "conditioned"] = "conditioned"
 
 
 def cache_dir() -> Path:

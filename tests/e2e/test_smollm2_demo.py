@@ -26,11 +26,13 @@ def test_models_prints_paths():
     proc = _cli("models")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = dict(line.split(": ", 1) for line in proc.stdout.strip().splitlines())
-    assert set(lines) == {"verifier", "drafter"}
+    assert set(lines) == {"verifier", "drafter", "standalone drafter", "conditioned drafter"}
     verifier, drafter = Path(lines["verifier"]), Path(lines["drafter"])
     config = json.loads((verifier / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
-    assert (drafter / "config.json").is_file()
+    assert drafter in (Path(lines["standalone drafter"]), Path(lines["conditioned drafter"]))
+    for name in ("drafter", "standalone drafter", "conditioned drafter"):
+        assert (Path(lines[name]) / "config.json").is_file()
 
 
 def test_demo_greedy_identical_on_smollm2(tmp_path):
