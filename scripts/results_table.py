@@ -32,11 +32,12 @@ PAGE = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
 HEADLINE_BEGIN, HEADLINE_END = "<!-- headline:begin -->", "<!-- headline:end -->"
 MAIN_SUITE = "suite_main_"  # stems of the main runs, summarised in the compact block
-# The README's headline: the latest runs of the default at batch 1 and 16 (benchmarks/suite.sh's
-# adaptive parts, 2026-12-05, current code).
-HEADLINE = ("2026-12-05/lookup_forget/b1_humaneval.json", "2026-12-05/lookup_forget/b1_chat.json",
-            "2026-12-05/lookup_forget/b16_static_run2.json",
-            "2026-12-05/lookup_forget/b16_cont_run2.json")
+# The README's headline: the latest runs of the default at batch 1 and 16. An entry is a results
+# file, optionally with `#METHOD`: the cell that is the default in that run (a run made before
+# the default drafter changed names the new default by its options); plain `specdiff2` otherwise.
+CONDITIONED = "specdiff2:drafter=vllm_specdiff/assets/conditioned_drafter"
+HEADLINE = (f"2026-12-06/conditioned/b1_t0.json#{CONDITIONED}",
+            f"2026-12-06/conditioned/b16_t0.json#{CONDITIONED}")
 HEADER = ("| run | prompts | T | gamma | K (T_d) | plain tok/s | speculative tok/s | speedup "
           "| accepted/step | drafter ms (share of verifier step) | identical | date, machine |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -240,12 +241,13 @@ def headline(results: Path = RESULTS, files: tuple[str, ...] = HEADLINE) -> str:
     lines = ["| prompts | B | plain tok/s | default | accepted/step | best fixed (gamma) "
              "| identical | run |", "|---|---|---|---|---|---|---|---|"]
     links = []  # reference-style links keep the rows short
-    for name in files:
+    for entry in files:
+        name, _, default = entry.partition("#")
         path = results / name
         s = json.loads(path.read_text())
         methods, plain = _plain_cells(s)
         for c in s["cells"]:
-            if c["method"] != "specdiff2":
+            if c["method"] != (default or "specdiff2"):
                 continue
             fixed = [f for f in s["cells"] if _cell_key(f) == _cell_key(c)
                      and methods[f["method"]]["options"].get("adaptive") is False]

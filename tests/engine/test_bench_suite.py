@@ -108,8 +108,12 @@ def test_bad_options_fail_before_any_engine(options, message, word_prompts, tiny
     assert rc == 2 and message in err, err
 
 
-def test_method_specs_become_engine_arguments():
+def test_method_specs_become_engine_arguments(monkeypatch):
+    from vllm_specdiff import models
     from vllm_specdiff.plugin.workers import tree_worker
+
+    # the standalone default: K > 1 of a drafter of token ids takes the tree worker
+    monkeypatch.setattr(models, "DEFAULT_DRAFTER_KIND", "standalone")
 
     methods = parse_methods("specdiff2-k4:drafter_temperature=1.5:gamma=4,ngram", 8)
     assert [m.label for m in methods] == ["plain", "specdiff2-k4:drafter_temperature=1.5:gamma=4",

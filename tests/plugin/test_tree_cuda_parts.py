@@ -15,6 +15,15 @@ from .fake_platforms import CPU, CUDA, ROCM
 pytestmark = pytest.mark.vllm
 
 
+@pytest.fixture(autouse=True)
+def _standalone_default_drafter(monkeypatch):
+    """These tests are about the tree worker of a drafter that reads token ids: pin the
+    standalone default (the conditioned default's worker: test_conditioned_tree_parts.py)."""
+    from vllm_specdiff import models
+
+    monkeypatch.setattr(models, "DEFAULT_DRAFTER_KIND", "standalone")
+
+
 
 
 # ---- classes ------------------------------------------------------------------------------------

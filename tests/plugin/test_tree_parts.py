@@ -11,6 +11,15 @@ from vllm_specdiff.core.trie import build_request_trie
 pytestmark = pytest.mark.vllm
 
 
+@pytest.fixture(autouse=True)
+def _standalone_default_drafter(monkeypatch):
+    """These tests are about the tree worker of a drafter that reads token ids: pin the
+    standalone default (the conditioned default's worker: test_conditioned_tree_parts.py)."""
+    from vllm_specdiff import models
+
+    monkeypatch.setattr(models, "DEFAULT_DRAFTER_KIND", "standalone")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cache_layout_probe_reads_and_moves_what_the_kernel_wrote(dtype):
     from vllm import _custom_ops as ops
