@@ -10,12 +10,15 @@
 #   b1_t1.json   the same at T = 1 (outputs compared in distribution by the tests, not here)
 #   b16_t0.json  batch 16 (static batches), T = 0: plain, the default, the conditioned drafter
 #                with the defaults, vLLM dflash
+#   b16_cont.json  the same with continuous batching (32 prompts, 16 in flight)
+#   b1_k4.json   batch 1, T = 0: the conditioned drafter with the defaults at K = 1 and at
+#                K = 4 (self-selection over four drafts of one forward, trie verification)
 #
 #   bash benchmarks/conditioned.sh [OUT]      # ~30 min on 2 idle cores
 #
 # SPECDIFF_CONDITIONED (default: the shipped vllm_specdiff/assets/conditioned_drafter) picks the
 # drafter; its `dflash` export is written to $SPECDIFF_CACHE_DIR/drafters/conditioned-dflash.
-# SPECDIFF_BENCH_PARTS (default "b1_t0 b1_t1 b16_t0") picks the runs.
+# SPECDIFF_BENCH_PARTS (default "b1_t0 b1_t1 b16_t0"; also b16_cont, b1_k4) picks the runs.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
@@ -46,6 +49,11 @@ for part in ${SPECDIFF_BENCH_PARTS:-b1_t0 b1_t1 b16_t0}; do
     b16_t0) bench b16_t0 --prompts humaneval --limit 16 --max-tokens 64 --batch-size 16 \
               --batching static --temperature 0 --repeats 2 \
               --methods "plain,specdiff2,$WITH,dflash" ;;
-    *) echo "unknown part $part (b1_t0, b1_t1, b16_t0)" >&2; exit 2 ;;
+    b16_cont) bench b16_cont --prompts humaneval --limit 32 --max-tokens 64 --batch-size 16 \
+                --batching continuous --temperature 0 --repeats 2 \
+                --methods "plain,specdiff2,$WITH,dflash" ;;
+    b1_k4) bench b1_k4 "${SETS[@]}" --limit 6 --max-tokens 64 --batch-size 1 --temperature 0 \
+             --repeats 2 --methods "plain,$WITH,specdiff2-k4:drafter=$A" ;;
+    *) echo "unknown part $part (b1_t0, b1_t1, b16_t0, b16_cont, b1_k4)" >&2; exit 2 ;;
   esac
 done

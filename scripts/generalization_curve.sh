@@ -15,6 +15,10 @@
 # SPECDIFF_CURVE_RUN=continued scores `train_default_drafter.sh continue`'s run instead (STEPs
 # are its own; step N there is step 3,900 + N in all), against the shipped drafter it started
 # from, into generalization_curve_continued_{chat,humaneval}.json.
+# SPECDIFF_CURVE_RUN=conditioned scores `train_conditioned_drafter.sh continue`'s run against the
+# shipped conditioned drafter, on 40 prompts a set (1,280 windows: its differences are smaller),
+# with the verifier features its taps read, into generalization_curve_conditioned_*.json;
+# SPECDIFF_CURVE_EXTRA="NAME=DIR ..." adds drafters (any mode).
 # `eval --no-verifier-pass` scores each draft against the data's own tokens: exact for greedy
 # data at T = 0, and ~1 minute per candidate and set on one core. The data are generated once
 # (vLLM, ~3 minutes a set) under $SPECDIFF_CACHE_DIR/data/bench-*-greedy.
@@ -32,9 +36,19 @@ case "${SPECDIFF_CURVE_RUN:-stage2}" in
   continued)
     RUN="$CACHE/runs/default-drafter-continued/checkpoints" NAME=continued SUFFIX=_continued
     CANDIDATES=(--candidate "shipped-3900=$CACHE/drafters/shipped-start") ;;
-  *) echo "SPECDIFF_CURVE_RUN: stage2 or continued, not ${SPECDIFF_CURVE_RUN}" >&2; exit 2 ;;
+  conditioned)
+    RUN="$CACHE/runs/conditioned-continued/checkpoints" NAME=conditioned SUFFIX=_conditioned
+    SHIPPED="$ROOT/vllm_specdiff/assets/conditioned_drafter" PROMPTS_PER_SET=40 WINDOWS=(32 1280)
+    TAPS="$("$BIN/python" -c 'import json, sys
+print(tuple(json.load(open(sys.argv[1]))["target_layer_ids"]))' "$SHIPPED/config.json")"
+    CANDIDATES=(--candidate "shipped=$SHIPPED") ;;
+  *) echo "SPECDIFF_CURVE_RUN: stage2, continued or conditioned, not ${SPECDIFF_CURVE_RUN}" >&2
+     exit 2 ;;
 esac
-if [ $# -eq 0 ]; then
+PROMPTS_PER_SET="${PROMPTS_PER_SET:-16}"
+[ -n "${WINDOWS+x}" ] || WINDOWS=(16 256)  # windows per sequence, windows
+for extra in ${SPECDIFF_CURVE_EXTRA:-}; do CANDIDATES+=(--candidate "$extra"); done
+if [ $# -eq 0 ] && [ -d "$RUN" ]; then
   LATEST="$(ls -d "$RUN"/step-* | sort | tail -n 1)"
   set -- $(ls -d "$RUN"/step-*00 | sed 's/.*step-0*//') "$(basename "$LATEST" | sed 's/step-0*//')"
 fi
@@ -44,20 +58,26 @@ done
 mkdir -p "$OUT"
 for SET in chat humaneval; do
   DATA="$CACHE/data/bench-$SET-greedy"
+  [ "$PROMPTS_PER_SET" = 16 ] || DATA="$DATA-$PROMPTS_PER_SET"
   if [ ! -f "$DATA/meta.json" ]; then
-    PROMPTS="$CACHE/data/bench-$SET-prompts.jsonl"
+    PROMPTS="$DATA-prompts.jsonl"
     SOURCE=humaneval
     [ "$SET" = chat ] && SOURCE="$ROOT/benchmarks/prompts/chat_heldout.jsonl"
     "$BIN/python" -c 'import json, sys
 from vllm_specdiff.prompts import load_prompts
 with open(sys.argv[2], "w") as f:
-    for messages in load_prompts(sys.argv[1], 16):
-        f.write(json.dumps({"messages": messages}) + "\n")' "$SOURCE" "$PROMPTS"
+    for messages in load_prompts(sys.argv[1], int(sys.argv[3])):
+        f.write(json.dumps({"messages": messages}) + "\n")' "$SOURCE" "$PROMPTS" "$PROMPTS_PER_SET"
     VLLM_ENABLE_V1_MULTIPROCESSING=0 "$BIN/specdiff-distill" generate --verifier "$V" \
       --prompts "$PROMPTS" --output "$DATA" --num-samples 1 --temperature 0 \
       --max-new-tokens 96 --batch-size 16
   fi
+  [ -z "${TAPS:-}" ] || OMP_NUM_THREADS=1 "$BIN/python" -c 'import sys
+from vllm_specdiff_training.features import build_features
+build_features(sys.argv[1], sys.argv[2], tuple(int(t) for t in sys.argv[3].strip("()").split(",")))' \
+    "$DATA" "$V" "$TAPS"
   OMP_NUM_THREADS=1 "$BIN/specdiff-distill" eval --data "$DATA" --verifier "$V" \
-    "${CANDIDATES[@]}" --split all --windows-per-seq 16 --max-windows 256 --gamma 8 \
+    "${CANDIDATES[@]}" --split all --windows-per-seq "${WINDOWS[0]}" \
+    --max-windows "${WINDOWS[1]}" --gamma 8 \
     --no-verifier-pass --output "$OUT/generalization_curve${SUFFIX}_$SET.json"
 done

@@ -14,9 +14,13 @@
 #                learning rate and held-out windows, side by side
 #     generate-t1  temperature-1 continuations of the general corpus (needs
 #                `bash scripts/train_default_drafter.sh corpus`): $CACHE/data/t1, resumable
+#     generate-more  greedy continuations of two more corpora (seeds 2 and 3; 4,000 "complete
+#                this function" requests, 3,000 other code requests and 1,000 chat
+#                instructions): $CACHE/data/greedy-complete2 and greedy-general2, resumable
 #     continue   design a on all the data (completion and general corpus, greedy and, where
-#                generated, temperature 1), from the shipped conditioned drafter (a new machine
-#                keeps only the repository), or resumed; a restart reads the shards that exist
+#                generated, temperature 1 and generate-more's corpora), from the shipped
+#                conditioned drafter (or SPECDIFF_CONDITIONED_START; a new machine keeps only
+#                the repository), or resumed; a restart reads the shards that exist
 #     export     ship the newest run's latest checkpoint (continue, else design-a) into
 #                vllm_specdiff/assets/conditioned_drafter, and its vLLM `dflash` export to
 #                $CACHE/drafters/conditioned-dflash
@@ -79,12 +83,29 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
       --verifier "$V" --prompts "$CACHE/corpus/prompts.jsonl" --output "$CACHE/data/t1" \
       --num-samples 1 --temperature 1 --max-new-tokens 128 --top-logprobs 0 --chunk-size 64 \
       --backend vllm --seed 1 ;;
+  generate-more)
+    # More prompts, unlike the first corpora's: 4,000 "complete this function" requests
+    # (seed 2) and 3,000 other code requests plus 1,000 chat instructions (seed 3), greedy.
+    [ -f "$CACHE/corpus/complete2.jsonl" ] || $NICE "$BIN/specdiff-distill" corpus \
+      --output "$CACHE/corpus/complete2.jsonl" --num-code 4000 --num-chat 0 \
+      --code-tasks complete --seed 2
+    [ -f "$CACHE/corpus/general2.jsonl" ] || $NICE "$BIN/specdiff-distill" corpus \
+      --output "$CACHE/corpus/general2.jsonl" --num-code 3000 --num-chat 1000 \
+      --code-tasks explain,fix,test,write,rewrite,annotate --seed 3
+    for c in complete2:greedy-complete2 general2:greedy-general2; do
+      env VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" \
+        generate --verifier "$V" --prompts "$CACHE/corpus/${c%%:*}.jsonl" \
+        --output "$CACHE/data/${c#*:}" --num-samples 1 --temperature 0 --max-new-tokens 128 \
+        --top-logprobs 0 --chunk-size 64 --backend vllm
+    done ;;
   continue)
     all="$CACHE/data/greedy-complete,$CACHE/data/greedy"
-    compgen -G "$CACHE/data/t1/shard-*" > /dev/null && all="$all,$CACHE/data/t1"
+    for extra in t1 greedy-complete2 greedy-general2; do
+      compgen -G "$CACHE/data/$extra/shard-*" > /dev/null && all="$all,$CACHE/data/$extra"
+    done
     start=()
     [ -d "$CACHE/runs/conditioned-continued/checkpoints" ] \
-      || start=(--drafter "$ROOT/vllm_specdiff/assets/conditioned_drafter")
+      || start=(--drafter "${SPECDIFF_CONDITIONED_START:-$ROOT/vllm_specdiff/assets/conditioned_drafter}")
     train "${COMMON[@]}" --data "$all" --output "$CACHE/runs/conditioned-continued" \
       --arch conditioned --init-from "$V" "${start[@]}" --loss ce-decay --lr 6e-4 ;;
   export)
@@ -94,6 +115,6 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
       --output "$ROOT/vllm_specdiff/assets/conditioned_drafter"
     "$BIN/specdiff-distill" export --run "$run" --verifier "$V" --format dflash \
       --output "$CACHE/drafters/conditioned-dflash" ;;
-  *) echo "usage: $0 data|design-data|features|design-a|design-b|losses STEP|generate-t1|continue|export" >&2
+  *) echo "usage: $0 data|design-data|features|design-a|design-b|losses STEP|generate-t1|generate-more|continue|export" >&2
      exit 2 ;;
 esac
