@@ -224,7 +224,11 @@ def test_k_candidates_feed_the_accepted_path_and_accept_what_the_reference_accep
 
 def test_the_first_rows_instead_of_the_accepted_path_feed_wrong_states(
         cycle_verifier, trained, verifier_side, plain_outputs, monkeypatch):
-    """Negative control: a chain's rows (the trie's first) in place of the accepted path's."""
+    """Negative control: a chain's rows (the trie's first) in place of the accepted path's.
+    The fed states then differ from the verifier's, which the positive test's `_state_error <
+    1e-3` rejects. The accepted counts are not asserted to differ: on a 2-core AMD EPYC host
+    (2026-12-06) the tiny drafter accepted the same per prompt with the wrong states (on Intel
+    it did not), so a count comparison would be a flaky control."""
     from vllm_specdiff.plugin import conditioned_tree_runner
 
     monkeypatch.setattr(conditioned_tree_runner, "path_rows",
@@ -234,7 +238,7 @@ def test_the_first_rows_instead_of_the_accepted_path_feed_wrong_states(
     assert got == plain_outputs  # still lossless
     fed, _ = llm.collective_rpc(_recorded)[0]
     assert _state_error(fed, verifier_side[1]) > 0.1
-    assert accepted != _reference(trained, verifier_side, 2)
+    assert sum(accepted) > 0  # the drafts still ran through the (wrongly fed) drafter
 
 
 @pytest.mark.parametrize("worker", ["CPU_TREE_WORKER", "CPU_CONDITIONED_WORKER"])

