@@ -16,8 +16,8 @@
 # are its own; step N there is step 3,900 + N in all), against the shipped drafter it started
 # from, into generalization_curve_continued_{chat,humaneval}.json.
 # SPECDIFF_CURVE_RUN=conditioned scores `train_conditioned_drafter.sh continue`'s run against the
-# shipped conditioned drafter, on 40 prompts a set (1,280 windows: its differences are smaller),
-# with the verifier features its taps read, into generalization_curve_conditioned_*.json;
+# shipped conditioned drafter, on 40 prompts a set (1,280 windows: its differences are smaller;
+# `eval` builds the verifier features their taps read), into generalization_curve_conditioned_*.json;
 # SPECDIFF_CURVE_EXTRA="NAME=DIR ..." adds drafters (any mode).
 # `eval --no-verifier-pass` scores each draft against the data's own tokens: exact for greedy
 # data at T = 0, and ~1 minute per candidate and set on one core. The data are generated once
@@ -38,10 +38,8 @@ case "${SPECDIFF_CURVE_RUN:-stage2}" in
     CANDIDATES=(--candidate "shipped-3900=$CACHE/drafters/shipped-start") ;;
   conditioned)
     RUN="$CACHE/runs/conditioned-continued/checkpoints" NAME=conditioned SUFFIX=_conditioned
-    SHIPPED="$ROOT/vllm_specdiff/assets/conditioned_drafter" PROMPTS_PER_SET=40 WINDOWS=(32 1280)
-    TAPS="$("$BIN/python" -c 'import json, sys
-print(tuple(json.load(open(sys.argv[1]))["target_layer_ids"]))' "$SHIPPED/config.json")"
-    CANDIDATES=(--candidate "shipped=$SHIPPED") ;;
+    PROMPTS_PER_SET=40 WINDOWS=(32 1280)
+    CANDIDATES=(--candidate "shipped=$ROOT/vllm_specdiff/assets/conditioned_drafter") ;;
   *) echo "SPECDIFF_CURVE_RUN: stage2, continued or conditioned, not ${SPECDIFF_CURVE_RUN}" >&2
      exit 2 ;;
 esac
@@ -72,10 +70,6 @@ with open(sys.argv[2], "w") as f:
       --prompts "$PROMPTS" --output "$DATA" --num-samples 1 --temperature 0 \
       --max-new-tokens 96 --batch-size 16
   fi
-  [ -z "${TAPS:-}" ] || OMP_NUM_THREADS=1 "$BIN/python" -c 'import sys
-from vllm_specdiff_training.features import build_features
-build_features(sys.argv[1], sys.argv[2], tuple(int(t) for t in sys.argv[3].strip("()").split(",")))' \
-    "$DATA" "$V" "$TAPS"
   OMP_NUM_THREADS=1 "$BIN/specdiff-distill" eval --data "$DATA" --verifier "$V" \
     "${CANDIDATES[@]}" --split all --windows-per-seq "${WINDOWS[0]}" \
     --max-windows "${WINDOWS[1]}" --gamma 8 \

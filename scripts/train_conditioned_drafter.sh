@@ -44,6 +44,11 @@ COMMON=(--data "$DATA" --finetune full --gamma 8 --windows-per-seq 16 --batch-si
         --steps "$STEPS" --warmup-steps 50 --schedule constant --max-length 640
         --heldout-fraction 0.05 --save-every 50 --eval-every 50 --eval-windows 256)
 train() { env OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" train "$@"; }
+generate() {  # PROMPTS DATA_DIR TEMPERATURE [ARGS...]: one continuation per prompt, no soft targets
+  env VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" generate \
+    --verifier "$V" --prompts "$1" --output "$2" --num-samples 1 --temperature "$3" \
+    --max-new-tokens 128 --top-logprobs 0 --chunk-size 64 --backend vllm "${@:4}"
+}
 
 case "${1:-}" in
   data)
@@ -79,10 +84,7 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
     done
     wait ;;
   generate-t1)
-    env VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" generate \
-      --verifier "$V" --prompts "$CACHE/corpus/prompts.jsonl" --output "$CACHE/data/t1" \
-      --num-samples 1 --temperature 1 --max-new-tokens 128 --top-logprobs 0 --chunk-size 64 \
-      --backend vllm --seed 1 ;;
+    generate "$CACHE/corpus/prompts.jsonl" "$CACHE/data/t1" 1 --seed 1 ;;
   generate-more)
     # More prompts, unlike the first corpora's: 4,000 "complete this function" requests
     # (seed 2) and 3,000 other code requests plus 1,000 chat instructions (seed 3), greedy.
@@ -93,10 +95,7 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
       --output "$CACHE/corpus/general2.jsonl" --num-code 3000 --num-chat 1000 \
       --code-tasks explain,fix,test,write,rewrite,annotate --seed 3
     for c in complete2:greedy-complete2 general2:greedy-general2; do
-      env VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" \
-        generate --verifier "$V" --prompts "$CACHE/corpus/${c%%:*}.jsonl" \
-        --output "$CACHE/data/${c#*:}" --num-samples 1 --temperature 0 --max-new-tokens 128 \
-        --top-logprobs 0 --chunk-size 64 --backend vllm
+      generate "$CACHE/corpus/${c%%:*}.jsonl" "$CACHE/data/${c#*:}" 0
     done ;;
   continue)
     all="$CACHE/data/greedy-complete,$CACHE/data/greedy"

@@ -22,6 +22,7 @@ from tests.engine.test_sampling_distribution import (  # noqa: F401 - the fixtur
     PASS_P,
     REJECT_P,
     SAMPLES,
+    _engine_kwargs,
     contingency_pvalue,
     second_tokens,
     wrong_verification_temperatures,
@@ -46,12 +47,10 @@ PROMPT = "w205 w278 w288 w16 w27"
 TEMPERATURE = 1.0
 
 
-def _engine_kwargs(verifier: Path) -> dict:
-    # Many short requests at once (400 samples take a few batches); stat logging on for vLLM's
-    # accepted-token counter.
-    return dict(model=str(verifier), max_model_len=256, max_num_seqs=64, seed=0,
-                kv_cache_memory_bytes=4_000_000, dtype="float32", enforce_eager=True,
-                disable_log_stats=False)
+def _engine_with_stats(verifier: Path) -> dict:
+    """The sampling tests' engine settings, with stat logging on for vLLM's accepted-token
+    counter."""
+    return {**_engine_kwargs(verifier), "disable_log_stats": False}
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +58,7 @@ def plain(cycle_verifier):
     """The cycle verifier without speculation."""
     from vllm import LLM
 
-    return LLM(**_engine_kwargs(cycle_verifier))
+    return LLM(**_engine_with_stats(cycle_verifier))
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +74,7 @@ def conditioned(cycle_verifier, conditioned_run):
     args = specdiff_engine_args(CONDITIONED_GAMMA, drafter=str(conditioned_run[1]),
                                 adaptive=False, candidates=["argmax", "sample"], log_interval=0)
     assert args["worker_cls"] == CPU_CONDITIONED_WORKER
-    return LLM(**_engine_kwargs(cycle_verifier), **args)
+    return LLM(**_engine_with_stats(cycle_verifier), **args)
 
 
 @pytest.fixture(scope="module")
@@ -112,6 +111,6 @@ def test_conditioned_sampling_at_temperature_one_matches_plain_decoding(plain_sa
 def test_conditioned_test_rejects_wrong_verification_temperatures(plain_samples, conditioned):
     """The negative control: same prompt, seeds and statistic, with the conditioned worker
     verifying at 3 times the requested temperature (plain decoding does not use the kernel)."""
-    samples, accepted = conditioned_second_tokens(conditioned)
+    samples, _ = conditioned_second_tokens(conditioned)
     p_value = contingency_pvalue(plain_samples, samples)
     assert p_value < REJECT_P, p_value
