@@ -17,10 +17,11 @@
 #     generate-more  greedy continuations of two more corpora (seeds 2 and 3; 4,000 "complete
 #                this function" requests, 3,000 other code requests and 1,000 chat
 #                instructions): $CACHE/data/greedy-complete2 and greedy-general2, resumable
-#     continue   design a on all the data (completion and general corpus, greedy and, where
-#                generated, temperature 1 and generate-more's corpora), from the shipped
-#                conditioned drafter (or SPECDIFF_CONDITIONED_START; a new machine keeps only
-#                the repository), or resumed; a restart reads the shards that exist
+#     continue [ARGS]  design a on all the data (completion and general corpus, greedy and,
+#                where their features are all built, temperature 1 and generate-more's corpora),
+#                from the shipped conditioned drafter (or SPECDIFF_CONDITIONED_START; a new
+#                machine keeps only the repository), or resumed; a restart reads the shards
+#                that exist; ARGS go to `train` (e.g. --save-every 250)
 #     export     ship the newest run's latest checkpoint (continue, else design-a) into
 #                vllm_specdiff/assets/conditioned_drafter, and its vLLM `dflash` export to
 #                $CACHE/drafters/conditioned-dflash
@@ -28,6 +29,7 @@
 # held-out windows (the trainer's per-prompt split), one thread each, curves against CPU seconds.
 #
 # Work lands in $SPECDIFF_CACHE_DIR (default ~/.cache/vllm-specdiff): data/, runs/.
+# SPECDIFF_TRAIN_THREADS (default 1) sets the threads of each training run.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
@@ -43,7 +45,8 @@ DATA="${SPECDIFF_CONDITIONED_DATA:-$CACHE/data/design-compare}"
 COMMON=(--data "$DATA" --finetune full --gamma 8 --windows-per-seq 16 --batch-size 4
         --steps "$STEPS" --warmup-steps 50 --schedule constant --max-length 640
         --heldout-fraction 0.05 --save-every 50 --eval-every 50 --eval-windows 256)
-train() { env OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" train "$@"; }
+train() { env OMP_NUM_THREADS="${SPECDIFF_TRAIN_THREADS:-1}" $NICE "$BIN/specdiff-distill" train "$@"; }
+count() { compgen -G "$1" | wc -l || true; }  # files matching a pattern
 generate() {  # PROMPTS DATA_DIR TEMPERATURE [ARGS...]: one continuation per prompt, no soft targets
   env VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" generate \
     --verifier "$V" --prompts "$1" --output "$2" --num-samples 1 --temperature "$3" \
@@ -99,14 +102,16 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
     done ;;
   continue)
     all="$CACHE/data/greedy-complete,$CACHE/data/greedy"
-    for extra in t1 greedy-complete2 greedy-general2; do
-      compgen -G "$CACHE/data/$extra/shard-*" > /dev/null && all="$all,$CACHE/data/$extra"
+    for extra in t1 greedy-complete2 greedy-general2; do  # the features stage builds the rest
+      n="$(count "$CACHE/data/$extra/shard-*")"
+      [ "$n" -gt 0 ] && [ "$n" = "$(count "$CACHE/data/$extra/features-L1-14-27/shard-*")" ] \
+        && all="$all,$CACHE/data/$extra"
     done
     start=()
     [ -d "$CACHE/runs/conditioned-continued/checkpoints" ] \
       || start=(--drafter "${SPECDIFF_CONDITIONED_START:-$ROOT/vllm_specdiff/assets/conditioned_drafter}")
     train "${COMMON[@]}" --data "$all" --output "$CACHE/runs/conditioned-continued" \
-      --arch conditioned --init-from "$V" "${start[@]}" --loss ce-decay --lr 6e-4 ;;
+      --arch conditioned --init-from "$V" "${start[@]}" --loss ce-decay --lr 6e-4 "${@:2}" ;;
   export)
     run="$CACHE/runs/conditioned-continued"
     [ -d "$run/checkpoints" ] || run="$CACHE/runs/conditioned-a"

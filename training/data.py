@@ -225,18 +225,33 @@ def load_sequences(data: str | Path) -> SequenceData:
         meta=meta)
 
 
-def split_heldout(data: SequenceData, fraction: float) -> tuple[SequenceData, SequenceData]:
+def split_heldout(data: SequenceData, fraction: float, *, consume: bool = False
+                  ) -> tuple[SequenceData, SequenceData]:
     """Split by prompt (never by sample) so held-out windows share no prompt with training ones.
 
     The split is a pure function of the prompt index alone (not of any run's --seed), so `train`
-    and `eval` always agree on it whatever seeds they were given.
+    and `eval` always agree on it whatever seeds they were given. With consume, the training
+    part's verifier features are compacted inside data's own tensor instead of copied (they can
+    run to gigabytes, too many to hold twice), and data loses its features.
     """
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"--heldout-fraction must be in [0, 1), got {fraction}")
     held = [i for i in range(len(data)) if _heldout(int(data.prompt_index[i]), fraction)]
     held_set = set(held)
     train = [i for i in range(len(data)) if i not in held_set]
-    return data.subset(train), data.subset(held)
+    if not consume or data.features is None:
+        return data.subset(train), data.subset(held)
+    held_data = data.subset(held)
+    feats, data.features = data.features, None
+    train_data = data.subset(train)
+    filled = 0
+    for i in train:  # ascending, so each sequence moves towards the front or stays
+        lo, hi = int(data.seq_offsets[i]), int(data.seq_offsets[i + 1])
+        if lo != filled:
+            feats[filled:filled + hi - lo] = feats[lo:hi].clone()
+        filled += hi - lo
+    train_data.features = feats[:filled]
+    return train_data, held_data
 
 
 def _heldout(prompt_index: int, fraction: float) -> bool:

@@ -105,9 +105,27 @@ def attach_features(seqs: SequenceData, verifier_dir: str | Path, taps: tuple[in
     `load_sequences` read, in its order."""
     shards = [Path(p) for p in seqs.meta["_shards"]]
     files = ensure_features(shards, verifier_dir, taps, device)
-    feats = torch.cat([load_file(str(p))["features"] for p in files])
-    if feats.shape[0] != seqs.tokens.shape[0]:
-        raise ValueError(f"verifier features cover {feats.shape[0]} tokens but the data holds "
-                         f"{seqs.tokens.shape[0]}: delete {files[0].parent} and rerun to "
-                         f"rebuild them")
+    # filled shard by shard into one tensor: the features of all the data can run to gigabytes,
+    # too many to hold twice (the shards and their concatenation)
+    width = len(taps) * _hidden_size(verifier_dir)
+    feats = torch.empty(seqs.tokens.shape[0], width, dtype=torch.float16)
+    filled = 0
+    for path in files:
+        part = load_file(str(path))["features"]
+        end = filled + part.shape[0]
+        if end > feats.shape[0] or part.shape[1] != width:
+            filled = -1
+            break
+        feats[filled:end] = part
+        filled = end
+    if filled != feats.shape[0]:
+        raise ValueError(f"the verifier features in {files[0].parent} do not match the data "
+                         f"({feats.shape[0]} tokens of {width} features): delete them and rerun "
+                         f"to rebuild them")
     seqs.features = feats
+
+
+def _hidden_size(verifier_dir: str | Path) -> int:
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(str(verifier_dir)).hidden_size)

@@ -3,7 +3,7 @@
 import torch
 from safetensors.torch import load_file
 
-from vllm_specdiff_training.data import load_sequences
+from vllm_specdiff_training.data import load_sequences, split_heldout
 from vllm_specdiff_training.data_pack import main as data_pack
 from vllm_specdiff_training.features import TapModel, attach_features, features_dir
 from vllm_specdiff_training.generate import GenerateConfig, run_generate
@@ -50,6 +50,25 @@ def test_features_are_cached_per_shard_and_align_with_the_tokens(tmp_path, promp
     sub = seqs.subset([2, 0])
     torch.testing.assert_close(sub.features[:seqs.length(2)],
                                seqs.features[seqs.seq_offsets[2]:seqs.seq_offsets[3]])
+
+
+def test_the_consuming_split_gives_each_part_the_features_a_copying_split_gives(
+        tmp_path, prompts_file):
+    verifier = make_verifier(tmp_path / "v", layers=3)
+    seqs = load_sequences(_data(tmp_path, verifier, prompts_file))
+    attach_features(seqs, verifier, (1,))
+    copied = split_heldout(seqs, 0.4)
+    held = [int(p) for p in copied[1].prompt_index]
+    order = [int(p) for p in seqs.prompt_index]
+    # a held-out sequence comes before a training one, so training rows had to move
+    assert min(order.index(p) for p in held) < max(order.index(p) for p in order if p not in held)
+    storage = seqs.features.untyped_storage().data_ptr()
+    consumed = split_heldout(seqs, 0.4, consume=True)
+    assert seqs.features is None
+    assert consumed[0].features.untyped_storage().data_ptr() == storage  # not a second copy
+    for mine, theirs in zip(consumed, copied, strict=True):
+        assert torch.equal(mine.features, theirs.features)
+        assert torch.equal(mine.tokens, theirs.tokens)
 
 
 def test_packed_data_unpacks_to_the_same_shards(tmp_path, prompts_file, capsys):
