@@ -22,9 +22,9 @@
 #                from the shipped conditioned drafter (or SPECDIFF_CONDITIONED_START; a new
 #                machine keeps only the repository), or resumed; a restart reads the shards
 #                that exist; ARGS go to `train` (e.g. --save-every 250)
-#     export     ship the newest run's latest checkpoint (continue, else design-a) into
-#                vllm_specdiff/assets/conditioned_drafter, and its vLLM `dflash` export to
-#                $CACHE/drafters/conditioned-dflash
+#     export [STEP]  ship the newest run's checkpoint STEP (default: its latest; continue, else
+#                design-a) into vllm_specdiff/assets/conditioned_drafter, and its vLLM `dflash`
+#                export to $CACHE/drafters/conditioned-dflash
 # design-a and design-b are the equal-budget comparison of issue 39 item 5: same data, same
 # held-out windows (the trainer's per-prompt split), one thread each, curves against CPU seconds.
 #
@@ -115,10 +115,11 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
   export)
     run="$CACHE/runs/conditioned-continued"
     [ -d "$run/checkpoints" ] || run="$CACHE/runs/conditioned-a"
+    [ -z "${2:-}" ] || run="$run/checkpoints/step-$(printf %07d "$2")"
     "$BIN/specdiff-distill" export --run "$run" --verifier "$V" \
       --output "$ROOT/vllm_specdiff/assets/conditioned_drafter"
     "$BIN/specdiff-distill" export --run "$run" --verifier "$V" --format dflash \
       --output "$CACHE/drafters/conditioned-dflash" ;;
-  *) echo "usage: $0 data|design-data|features|design-a|design-b|losses STEP|generate-t1|generate-more|continue|export" >&2
+  *) echo "usage: $0 data|design-data|features|design-a|design-b|losses STEP|generate-t1|generate-more|continue|export [STEP]" >&2
      exit 2 ;;
 esac
