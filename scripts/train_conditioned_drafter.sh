@@ -107,11 +107,11 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
       [ "$n" -gt 0 ] && [ "$n" = "$(count "$CACHE/data/$extra/features-L1-14-27/shard-*")" ] \
         && all="$all,$CACHE/data/$extra"
     done
-    start=()
-    [ -d "$CACHE/runs/conditioned-continued/checkpoints" ] \
-      || start=(--drafter "${SPECDIFF_CONDITIONED_START:-$ROOT/vllm_specdiff/assets/conditioned_drafter}")
+    # a resumed run must name the drafter it started from (its checkpoint replaces the weights)
     train "${COMMON[@]}" --data "$all" --output "$CACHE/runs/conditioned-continued" \
-      --arch conditioned --init-from "$V" "${start[@]}" --loss ce-decay --lr 6e-4 "${@:2}" ;;
+      --arch conditioned --init-from "$V" \
+      --drafter "${SPECDIFF_CONDITIONED_START:-$ROOT/vllm_specdiff/assets/conditioned_drafter}" \
+      --loss ce-decay --lr 6e-4 "${@:2}" ;;
   export)
     run="$CACHE/runs/conditioned-continued"
     [ -d "$run/checkpoints" ] || run="$CACHE/runs/conditioned-a"
