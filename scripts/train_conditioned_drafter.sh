@@ -46,6 +46,8 @@ COMMON=(--data "$DATA" --finetune full --gamma 8 --windows-per-seq 16 --batch-si
         --steps "$STEPS" --warmup-steps 50 --schedule constant --max-length 640
         --heldout-fraction 0.05 --save-every 50 --eval-every 50 --eval-windows 256)
 train() { env OMP_NUM_THREADS="${SPECDIFF_TRAIN_THREADS:-1}" $NICE "$BIN/specdiff-distill" train "$@"; }
+TAPS=(1 14 27)  # the verifier layers the drafter reads; their features live in FEATURES/
+FEATURES="features-L$(IFS=-; echo "${TAPS[*]}")"
 count() { compgen -G "$1" | wc -l || true; }  # files matching a pattern
 generate() {  # PROMPTS DATA_DIR TEMPERATURE [ARGS...]: one continuation per prompt, no soft targets
   env VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" generate \
@@ -65,7 +67,7 @@ case "${1:-}" in
   features)
     for d in ${DATA//,/ }; do
       OMP_NUM_THREADS=1 $NICE "$BIN/python" -c "from vllm_specdiff_training.features import \
-build_features; print(build_features('$d', '$V', (1, 14, 27)))"
+build_features; print(build_features('$d', '$V', (${TAPS[*]/%/,})))"
     done ;;
   design-a)
     train "${COMMON[@]}" --output "$CACHE/runs/conditioned-a" --arch conditioned \
@@ -104,7 +106,7 @@ build_features; print(build_features('$d', '$V', (1, 14, 27)))"
     all="$CACHE/data/greedy-complete,$CACHE/data/greedy"
     for extra in t1 greedy-complete2 greedy-general2; do  # the features stage builds the rest
       n="$(count "$CACHE/data/$extra/shard-*")"
-      [ "$n" -gt 0 ] && [ "$n" = "$(count "$CACHE/data/$extra/features-L1-14-27/shard-*")" ] \
+      [ "$n" -gt 0 ] && [ "$n" = "$(count "$CACHE/data/$extra/$FEATURES/shard-*")" ] \
         && all="$all,$CACHE/data/$extra"
     done
     # a resumed run must name the drafter it started from (its checkpoint replaces the weights)
