@@ -17,6 +17,8 @@
 #     generate-more  greedy continuations of two more corpora (seeds 2 and 3; 4,000 "complete
 #                this function" requests, 3,000 other code requests and 1,000 chat
 #                instructions): $CACHE/data/greedy-complete2 and greedy-general2, resumable
+#     generate-chat  greedy continuations of a chat-heavy corpus (seed 4; 3,000 chat
+#                instructions, 1,000 code requests): $CACHE/data/greedy-general4, resumable
 #     continue [ARGS]  design a on all the data (completion and general corpus, greedy and,
 #                where their features are all built, temperature 1 and generate-more's corpora),
 #                from the shipped conditioned drafter (or SPECDIFF_CONDITIONED_START; a new
@@ -48,6 +50,10 @@ COMMON=(--data "$DATA" --finetune full --gamma 8 --windows-per-seq 16 --batch-si
 train() { env OMP_NUM_THREADS="${SPECDIFF_TRAIN_THREADS:-1}" $NICE "$BIN/specdiff-distill" train "$@"; }
 TAPS=(1 14 27)  # the verifier layers the drafter reads; their features live in FEATURES/
 FEATURES="features-L$(IFS=-; echo "${TAPS[*]}")"
+decontaminate() {  # CORPUS DATA: drop the data's sequences of held-out-topic (benchmark) chat
+  $NICE "$BIN/python" -m vllm_specdiff_training.decontaminate --data "$CACHE/data/$2" \
+    --prompts "$CACHE/corpus/$1.jsonl"
+}
 count() { compgen -G "$1" | wc -l || true; }  # files matching a pattern
 generate() {  # PROMPTS DATA_DIR TEMPERATURE [ARGS...]: one continuation per prompt, no soft targets
   env VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" generate \
@@ -101,10 +107,22 @@ build_features; print(build_features('$d', '$V', (${TAPS[*]/%/,})))"
       --code-tasks explain,fix,test,write,rewrite,annotate --seed 3
     for c in complete2:greedy-complete2 general2:greedy-general2; do
       generate "$CACHE/corpus/${c%%:*}.jsonl" "$CACHE/data/${c#*:}" 0
-    done ;;
+    done
+    # general2.jsonl, if built before 2026-12-06's fix of the corpus's held-out split, holds
+    # benchmark chat topics: drop their continuations (and features), whatever built it
+    decontaminate general2 greedy-general2 ;;
+  generate-chat)
+    # A chat-heavy corpus (seed 4: 3,000 chat instructions and 1,000 code requests), greedy:
+    # chat is where the drafter accepts least. It repeats no prompt of the corpora built before.
+    earlier="$(compgen -G "$CACHE/corpus/*.jsonl" | grep -v -e general4 -e heldout | paste -sd,)"
+    [ -f "$CACHE/corpus/general4.jsonl" ] || $NICE "$BIN/specdiff-distill" corpus \
+      --output "$CACHE/corpus/general4.jsonl" --num-code 1000 --num-chat 3000 \
+      --code-tasks explain,fix,test,write,rewrite,annotate --seed 4 ${earlier:+--exclude "$earlier"}
+    generate "$CACHE/corpus/general4.jsonl" "$CACHE/data/greedy-general4" 0
+    decontaminate general4 greedy-general4 ;;
   continue)
     all="$CACHE/data/greedy-complete,$CACHE/data/greedy"
-    for extra in t1 greedy-complete2 greedy-general2; do  # the features stage builds the rest
+    for extra in t1 greedy-complete2 greedy-general2 greedy-general4; do  # the features stage builds the rest
       n="$(count "$CACHE/data/$extra/shard-*")"
       [ "$n" -gt 0 ] && [ "$n" = "$(count "$CACHE/data/$extra/$FEATURES/shard-*")" ] \
         && all="$all,$CACHE/data/$extra"
@@ -122,6 +140,6 @@ build_features; print(build_features('$d', '$V', (${TAPS[*]/%/,})))"
       --output "$ROOT/vllm_specdiff/assets/conditioned_drafter"
     "$BIN/specdiff-distill" export --run "$run" --verifier "$V" --format dflash \
       --output "$CACHE/drafters/conditioned-dflash" ;;
-  *) echo "usage: $0 data|design-data|features|design-a|design-b|losses STEP|generate-t1|generate-more|continue|export [STEP]" >&2
+  *) echo "usage: $0 data|design-data|features|design-a|design-b|losses STEP|generate-t1|generate-more|generate-chat|continue|export [STEP]" >&2
      exit 2 ;;
 esac

@@ -30,6 +30,7 @@ HELP = {
     "num_heldout": "held-out chat prompts written to --heldout-output",
     "code_tasks": "comma-separated kinds of code request: complete (a signature and docstring "
                   "to complete), explain, fix, test, write, rewrite, annotate",
+    "exclude": "comma-separated corpus files (JSONL) whose prompts this corpus does not repeat",
     "source_roots": "comma-separated directories of Python source (default: this interpreter's "
                     "standard library and site-packages)",
     # generate

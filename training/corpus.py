@@ -9,7 +9,9 @@ dataset can be downloaded. So the corpus is made here, deterministically from a 
 - general chat instructions from templates written for this project, crossed with topics.
 
 A share of the chat *topics* is held out (never used for training) and written to
-`--heldout-output`: general chat prompts a trained drafter has not seen, for benchmarks.
+`--heldout-output`: general chat prompts a trained drafter has not seen, for benchmarks. The
+held-out topics are the same for every seed (those of seed 0, which wrote the benchmark's
+`chat_heldout.jsonl`): a corpus built later with another seed must not train on them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import ast
 import io
 import json
 import random
+import re
 import sysconfig
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -95,6 +98,7 @@ class CorpusConfig:
     num_heldout: int = 60
     source_roots: list[str] = field(default_factory=list)  # default: stdlib + site-packages
     code_tasks: list[str] = field(default_factory=lambda: list(CODE_TASKS))
+    exclude: list[str] = field(default_factory=list)  # earlier corpora: prompts not to repeat
     seed: int = 0
 
     def validate(self) -> None:
@@ -189,7 +193,8 @@ def code_prompt(node: ast.AST, code: str, rng: random.Random,
 
 
 def build_code_prompts(count: int, roots: list[Path], rng: random.Random,
-                       tasks: tuple[str, ...] = tuple(CODE_TASKS)) -> list[str]:
+                       tasks: tuple[str, ...] = tuple(CODE_TASKS),
+                       exclude: frozenset[str] = frozenset()) -> list[str]:
     files = source_files(roots)
     rng.shuffle(files)
     out: list[str] = []
@@ -197,21 +202,53 @@ def build_code_prompts(count: int, roots: list[Path], rng: random.Random,
         units = list(code_units(path))
         for node, code in rng.sample(units, min(len(units), UNITS_PER_FILE)):
             prompt = code_prompt(node, code, rng, tasks)
-            if prompt is not None:
+            if prompt is not None and prompt not in exclude:
                 out.append(prompt)
         if len(out) >= count:
             break
     return out[:count]
 
 
+def _heldout_topics() -> frozenset[str]:
+    topics = list(TOPICS)
+    random.Random(0).shuffle(topics)  # seed 0's split, which the benchmark's prompts came from
+    return frozenset(topics[:max(1, round(len(topics) * HELDOUT_TOPIC_FRACTION))])
+
+
+HELDOUT_TOPICS = _heldout_topics()
+
+
 def split_topics(rng: random.Random) -> tuple[list[str], list[str]]:
+    """This seed's order of the training topics and of the held-out ones; which topics are held
+    out never depends on the seed. (Before 2026-12-06 it did, and seed 3's corpus trained on
+    benchmark topics.) Seed 0 draws exactly the split and order it always drew."""
     topics = list(TOPICS)
     rng.shuffle(topics)
-    cut = max(1, round(len(topics) * HELDOUT_TOPIC_FRACTION))
-    return topics[cut:], topics[:cut]
+    return ([t for t in topics if t not in HELDOUT_TOPICS],
+            [t for t in topics if t in HELDOUT_TOPICS])
 
 
-def build_chat_prompts(count: int, topics: list[str], rng: random.Random) -> list[str]:
+def _template_pattern(template: str) -> re.Pattern[str]:
+    parts = re.split(r"(\{[tu]\})", template)
+    return re.compile("".join(f"(?P<{p[1]}>.+)" if p in ("{t}", "{u}") else re.escape(p)
+                              for p in parts))
+
+
+_TEMPLATE_PATTERNS = tuple(_template_pattern(t) for t in CHAT_TEMPLATES)
+
+
+def uses_heldout_topic(prompt: str) -> bool:
+    """Whether a chat prompt is one of the templates filled with a held-out topic: such a prompt
+    is benchmark material and must not be trained on."""
+    for pattern in _TEMPLATE_PATTERNS:
+        m = pattern.fullmatch(prompt)
+        if m and any(v in HELDOUT_TOPICS for v in m.groupdict().values()):
+            return True
+    return False
+
+
+def build_chat_prompts(count: int, topics: list[str], rng: random.Random,
+                       exclude: frozenset[str] = frozenset()) -> list[str]:
     seen: set[str] = set()
     out: list[str] = []
     limit = len(CHAT_TEMPLATES) * len(topics) * 4
@@ -220,8 +257,15 @@ def build_chat_prompts(count: int, topics: list[str], rng: random.Random) -> lis
         prompt = rng.choice(CHAT_TEMPLATES).format(t=t, u=u)
         if prompt not in seen:
             seen.add(prompt)
-            out.append(prompt)
+            if prompt not in exclude:
+                out.append(prompt)
     return out
+
+
+def _read(path: Path) -> list[dict]:
+    if not path.is_file():
+        raise FileNotFoundError(f"--exclude {path}: no such corpus file")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _write(path: Path, records: list[dict]) -> None:
@@ -237,8 +281,10 @@ def run_corpus(cfg: CorpusConfig) -> dict:
     rng = random.Random(cfg.seed)
     train_topics, heldout_topics = split_topics(rng)
     roots = [Path(r) for r in cfg.source_roots] or default_roots()
-    code = build_code_prompts(cfg.num_code, roots, rng, tuple(cfg.code_tasks))
-    chat = build_chat_prompts(cfg.num_chat, train_topics, rng)
+    exclude = frozenset(r["messages"][0]["content"] for path in cfg.exclude
+                        for r in _read(Path(path)))
+    code = build_code_prompts(cfg.num_code, roots, rng, tuple(cfg.code_tasks), exclude)
+    chat = build_chat_prompts(cfg.num_chat, train_topics, rng, exclude)
     records = [{"messages": [{"role": "user", "content": p}], "source": "code"} for p in code]
     records += [{"messages": [{"role": "user", "content": p}], "source": "chat"} for p in chat]
     rng.shuffle(records)

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
@@ -107,7 +108,8 @@ def attach_features(seqs: SequenceData, verifier_dir: str | Path, taps: tuple[in
     files = ensure_features(shards, verifier_dir, taps, device)
     # filled shard by shard into one tensor: the features of all the data can run to gigabytes,
     # too many to hold twice (the shards and their concatenation)
-    width = len(taps) * _hidden_size(verifier_dir)
+    with safe_open(str(files[0]), "pt") as first:  # every shard must be as wide as the first
+        width = first.get_slice("features").get_shape()[1]
     feats = torch.empty(seqs.tokens.shape[0], width, dtype=torch.float16)
     filled = 0
     for path in files:
@@ -123,9 +125,3 @@ def attach_features(seqs: SequenceData, verifier_dir: str | Path, taps: tuple[in
                          f"({feats.shape[0]} tokens of {width} features): delete them and rerun "
                          f"to rebuild them")
     seqs.features = feats
-
-
-def _hidden_size(verifier_dir: str | Path) -> int:
-    from transformers import AutoConfig
-
-    return int(AutoConfig.from_pretrained(str(verifier_dir)).hidden_size)

@@ -2,6 +2,7 @@
 full fine-tuning) -> export as a slim checkpoint -> expand from the verifier."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,13 +10,21 @@ from safetensors.torch import load_file, save_file
 
 from vllm_specdiff.drafter.loading import load_drafter
 from vllm_specdiff.drafter.slim import MANIFEST_FILE, expand_checkpoint
+from vllm_specdiff.prompts import read_jsonl
 from vllm_specdiff_training.cli import main
-from vllm_specdiff_training.corpus import CHAT_TEMPLATES, CorpusConfig, run_corpus
+from vllm_specdiff_training.corpus import (
+    CHAT_TEMPLATES,
+    HELDOUT_TOPICS,
+    CorpusConfig,
+    run_corpus,
+    uses_heldout_topic,
+)
 from vllm_specdiff_training.export import ExportConfig, run_export
 from vllm_specdiff_training.trainer import TrainConfig, run_train
 
 from .test_pipeline import GAMMA, _generate
 
+BENCHMARK_CHAT = Path(__file__).parents[2] / "benchmarks/prompts/chat_heldout.jsonl"
 SOURCE = '''
 def add(a, b):
     """Return the sum of a and b."""
@@ -67,6 +76,50 @@ def test_corpus_mixes_code_and_chat_and_holds_out_topics(tmp_path):
                             source_roots=roots, heldout_output=str(tmp_path / "h2.jsonl"),
                             num_heldout=10))
     assert (tmp_path / "again.jsonl").read_text() == out.read_text()
+
+
+@pytest.mark.parametrize("seed", [0, 3])
+def test_every_seed_holds_out_the_benchmark_chat_topics(tmp_path, seed):
+    """The benchmark's held-out chat prompts were written with seed 0; a corpus of any seed must
+    not train on their topics (seed 3's once drew its own split and trained on 17 of them)."""
+    bench = [r["messages"][0]["content"] for r in read_jsonl(BENCHMARK_CHAT)]
+    assert bench and all(uses_heldout_topic(b) for b in bench)  # the check knows them all
+    out = tmp_path / "p.jsonl"
+    summary = run_corpus(CorpusConfig(output=str(out), num_code=0, num_chat=1500, seed=seed,
+                                      source_roots=[str(tmp_path)]))
+    assert set(summary["heldout_topics"]) == HELDOUT_TOPICS
+    chat = [json.loads(line)["messages"][0]["content"] for line in out.read_text().splitlines()]
+    assert len(chat) == 1500
+    assert not any(uses_heldout_topic(c) for c in chat)
+    assert not set(chat) & set(bench)
+
+
+def test_a_corpus_can_exclude_an_earlier_corpus_prompts(tmp_path):
+    roots = [str(_source_tree(tmp_path / "src"))]
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    run_corpus(CorpusConfig(output=str(first), num_code=2, num_chat=1500, seed=1,
+                            source_roots=roots))
+    run_corpus(CorpusConfig(output=str(second), num_code=2, num_chat=1500, seed=2,
+                            source_roots=roots))
+    texts = [{json.loads(line)["messages"][0]["content"] for line in p.read_text().splitlines()}
+             for p in (first, second)]
+    assert texts[0] & texts[1]  # seeds alone repeat prompts
+    assert main(["corpus", "--output", str(tmp_path / "c.jsonl"), "--num-code", "2",
+                 "--num-chat", "1500", "--seed", "2", "--source-roots", roots[0],
+                 "--exclude", str(first)]) == 0
+    third = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]
+    assert sum(r["source"] == "chat" for r in third) == 1500
+    assert not {r["messages"][0]["content"] for r in third} & texts[0]
+    assert main(["corpus", "--output", str(tmp_path / "d.jsonl"), "--exclude",
+                 str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_the_heldout_check_reads_templates_not_words():
+    """A training topic that contains a held-out one's words is not held out."""
+    topic = sorted(HELDOUT_TOPICS)[0]
+    assert uses_heldout_topic(f"Explain {topic} in simple terms.")
+    assert not uses_heldout_topic(f"Explain {topic} and more in simple terms.")
+    assert not uses_heldout_topic(f"Please explain {topic} in simple terms.")
 
 
 def test_corpus_code_tasks_pick_the_kinds_of_request(tmp_path, capsys):

@@ -1,7 +1,8 @@
 """Verifier taps (the off-by-one that silently ruins acceptance), the feature cache, packed data."""
 
+import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 from vllm_specdiff_training.data import load_sequences, split_heldout
 from vllm_specdiff_training.data_pack import main as data_pack
@@ -50,6 +51,21 @@ def test_features_are_cached_per_shard_and_align_with_the_tokens(tmp_path, promp
     sub = seqs.subset([2, 0])
     torch.testing.assert_close(sub.features[:seqs.length(2)],
                                seqs.features[seqs.seq_offsets[2]:seqs.seq_offsets[3]])
+
+
+@pytest.mark.parametrize("shard", [0, 2])
+@pytest.mark.parametrize("damage", ["narrow", "short"])
+def test_features_that_do_not_match_the_data_are_refused(tmp_path, prompts_file, shard, damage):
+    """A feature shard of another width (other taps) or with rows missing is never attached."""
+    verifier = make_verifier(tmp_path / "v", layers=3)
+    out = _data(tmp_path, verifier, prompts_file)
+    attach_features(load_sequences(out), verifier, (1,))
+    path = sorted(features_dir(out, (1,)).glob("shard-*.safetensors"))[shard]
+    feats = load_file(str(path))["features"]
+    save_file({"features": (feats[:, :16] if damage == "narrow" else feats[:-1]).contiguous()},
+              str(path))
+    with pytest.raises(ValueError, match="do not match the data"):
+        attach_features(load_sequences(out), verifier, (1,))
 
 
 def test_the_consuming_split_gives_each_part_the_features_a_copying_split_gives(
