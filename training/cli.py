@@ -31,6 +31,8 @@ HELP = {
     "code_tasks": "comma-separated kinds of code request: complete (a signature and docstring "
                   "to complete), explain, fix, test, write, rewrite, annotate",
     "exclude": "comma-separated corpus files (JSONL) whose prompts this corpus does not repeat",
+    "more_topics": "also draw the training chat from ~190 more topics and 12 more templates (never "
+                   "held out; off keeps earlier seeds' corpora reproducible)",
     "source_roots": "comma-separated directories of Python source (default: this interpreter's "
                     "standard library and site-packages)",
     # generate
@@ -66,6 +68,8 @@ HELP = {
     "num_layers": "decoder layers kept by --init-from (--arch conditioned: drafter layers)",
     "arch": "block-causal (a drafter that sees token ids only) or conditioned (reads the "
             "verifier's hidden states, DFlash-style; --init-from names the verifier)",
+    "add_layers": "--arch conditioned --drafter: append this many new layers (their output "
+                  "projections zero, so training starts from that drafter's acceptance)",
     "num_taps": "--arch conditioned/injected: verifier layers tapped, spread from layer 1 to N-3",
     "verifier": "verifier model directory (generate; train --arch injected: the verifier whose "
                 "hidden states the drafter reads)",

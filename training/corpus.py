@@ -89,6 +89,51 @@ TOPICS = (
     "the solar system", "Mars", "comets", "gravity", "light", "sound", "music theory",
 )
 HELDOUT_TOPIC_FRACTION = 0.15
+# `--more-topics`: training-only chat topics and templates (never held out, so the held-out
+# split above is unchanged); off by default so that earlier seeds' corpora stay reproducible.
+MORE_TOPICS = (
+    "glass making", "the Industrial Revolution", "bread baking", "sea turtles", "wolves",
+    "elephants", "kangaroos", "frogs", "jellyfish", "spiders", "dolphins", "tigers", "pandas",
+    "the Amazon river", "the Sahara", "the Arctic", "Antarctica", "islands", "caves", "rivers",
+    "lakes", "wetlands", "soil", "rocks and minerals", "fossils", "the ice age",
+    "the Vikings", "ancient Greece", "the Aztecs", "the Maya", "the Middle Ages", "knights",
+    "samurai", "the French Revolution", "the telephone", "the radio", "television",
+    "the steam engine", "the light bulb", "the compass", "clocks", "calendars", "money",
+    "banks", "taxes", "insurance", "credit cards", "shopping online",
+    "advertising", "small businesses", "startups", "teamwork", "leadership", "negotiation",
+    "writing a resume", "giving feedback", "learning to code", "databases", "spreadsheets",
+    "email etiquette", "password security", "computer viruses", "web browsers", "search engines",
+    "social media", "virtual reality", "quantum computing", "semiconductors", "electric guitars",
+    "the piano", "drums", "opera", "hip hop", "classical music", "folk songs", "dancing",
+    "ballet", "theatre", "poetry", "novels", "fairy tales", "mythology", "libraries of the future",
+    "handwriting", "calligraphy", "pottery", "woodworking", "sewing", "baking cookies", "soup",
+    "rice", "spices", "cheese", "fruit trees", "vegetable gardens", "bees in cities", "farming",
+    "fishing", "beekeeping", "vegetarian cooking", "breakfast", "drinking water", "exercise",
+    "walking", "cycling to work", "hiking", "rock climbing", "sailing", "surfing", "skiing",
+    "ice skating", "basketball", "baseball", "cricket", "golf", "table tennis", "the circus",
+    "zoos", "aquariums", "national parks", "road trips", "packing for a trip", "hotels",
+    "airports", "public transport", "subways", "traffic", "cars", "motorcycles", "ships",
+    "submarines", "rockets", "astronauts", "the International Space Station", "Jupiter",
+    "Saturn's rings", "stars", "galaxies", "the Big Bang", "eclipses", "the seasons",
+    "fog", "wind", "clouds", "lightning", "floods", "wildfires", "air pollution", "noise",
+    "electric bikes", "heat pumps", "nuclear power", "hydropower",
+    "the human brain", "bones", "muscles", "the eyes", "teeth", "dreams", "memory", "habits",
+    "happiness", "kindness", "patience", "curiosity", "creativity", "boredom", "stress",
+    "moving to a new city", "neighbours", "grandparents", "birthdays", "holidays", "weddings",
+    "pets", "goldfish", "parrots", "rabbits", "the alphabet", "numbers",
+    "fractions", "geometry", "probability", "statistics", "chemistry experiments", "atoms",
+    "DNA", "evolution", "cells", "bacteria", "viruses", "antibiotics", "hospitals", "nurses",
+)
+MORE_TEMPLATES = (
+    "I am new to {t}. Where should I start?", "Explain {t} to a ten-year-old.",
+    "Write a limerick about {t}.", "What would the world be like without {t}?",
+    "Give me a fun fact about {t} and explain why it is true.",
+    "Write a short speech about {t} for a school assembly.",
+    "What are the most important things to know about {t}?",
+    "Tell me a joke about {t}.", "How has {t} changed over the last hundred years?",
+    "Write a diary entry from the point of view of someone who loves {t}.",
+    "What is the connection between {t} and {u}?", "Plan a weekend around {t}.",
+)
 
 
 @dataclass
@@ -101,6 +146,7 @@ class CorpusConfig:
     source_roots: list[str] = field(default_factory=list)  # default: stdlib + site-packages
     code_tasks: list[str] = field(default_factory=lambda: list(CODE_TASKS))
     exclude: list[str] = field(default_factory=list)  # earlier corpora: prompts not to repeat
+    more_topics: bool = False  # also MORE_TOPICS and MORE_TEMPLATES (training chat only)
     seed: int = 0
 
     def validate(self) -> None:
@@ -236,7 +282,7 @@ def _template_pattern(template: str) -> re.Pattern[str]:
                               for p in parts))
 
 
-_TEMPLATE_PATTERNS = tuple(_template_pattern(t) for t in CHAT_TEMPLATES)
+_TEMPLATE_PATTERNS = tuple(_template_pattern(t) for t in CHAT_TEMPLATES + MORE_TEMPLATES)
 
 
 def uses_heldout_topic(prompt: str) -> bool:
@@ -250,13 +296,14 @@ def uses_heldout_topic(prompt: str) -> bool:
 
 
 def build_chat_prompts(count: int, topics: list[str], rng: random.Random,
-                       exclude: frozenset[str] = frozenset()) -> list[str]:
+                       exclude: frozenset[str] = frozenset(),
+                       templates: tuple[str, ...] = CHAT_TEMPLATES) -> list[str]:
     seen: set[str] = set()
     out: list[str] = []
-    limit = len(CHAT_TEMPLATES) * len(topics) * 4
+    limit = len(templates) * len(topics) * 4
     while len(out) < count and len(seen) < limit:
         t, u = rng.sample(topics, 2)
-        prompt = rng.choice(CHAT_TEMPLATES).format(t=t, u=u)
+        prompt = rng.choice(templates).format(t=t, u=u)
         if prompt not in seen:
             seen.add(prompt)
             if prompt not in exclude:
@@ -280,7 +327,11 @@ def run_corpus(cfg: CorpusConfig) -> dict:
     exclude = frozenset(r["messages"][0]["content"] for path in cfg.exclude
                         for r in read_jsonl(path))
     code = build_code_prompts(cfg.num_code, roots, rng, tuple(cfg.code_tasks), exclude)
-    chat = build_chat_prompts(cfg.num_chat, train_topics, rng, exclude)
+    if cfg.more_topics:
+        chat = build_chat_prompts(cfg.num_chat, train_topics + list(MORE_TOPICS), rng, exclude,
+                                  CHAT_TEMPLATES + MORE_TEMPLATES)
+    else:
+        chat = build_chat_prompts(cfg.num_chat, train_topics, rng, exclude)
     records = [{"messages": [{"role": "user", "content": p}], "source": "code"} for p in code]
     records += [{"messages": [{"role": "user", "content": p}], "source": "chat"} for p in chat]
     rng.shuffle(records)

@@ -22,8 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from .corpus import uses_heldout_topic
 from .data import SequenceChunk, read_meta, write_meta, write_shard
-
-FEATURES_GLOB = "features-*"  # feature folders beside the shards (features.features_dir)
+from .features import feature_dirs
 
 
 def heldout_prompt_numbers(prompts: Path) -> set[int]:
@@ -44,7 +43,7 @@ def drop_prompts(data_dir: Path, drop: set[int]) -> int:
     numbers DROP; returns how many sequences went. Records them in meta.json."""
     data_dir = Path(data_dir)
     meta = read_meta(data_dir)
-    feature_dirs = sorted(p for p in data_dir.glob(FEATURES_GLOB) if p.is_dir())
+    feature_folders = feature_dirs(data_dir)
     dropped: list[int] = []
     for path in sorted(data_dir.glob("shard-*.safetensors")):
         shard = load_file(str(path))
@@ -66,7 +65,7 @@ def drop_prompts(data_dir: Path, drop: set[int]) -> int:
             chunk.topk_logprobs = [shard["topk_logprobs"][gen_offsets[i]:gen_offsets[i + 1]]
                                    for i in keep]
         rows = _kept_rows(offsets, keep)
-        for folder in feature_dirs:  # features first: a crash in between leaves a mismatch that
+        for folder in feature_folders:  # features first: a crash in between leaves a mismatch that
             feature_path = folder / path.name  # attach_features detects, never a silent shift
             if feature_path.is_file():
                 features = load_file(str(feature_path))["features"]

@@ -24,8 +24,16 @@ from .data import SequenceData, data_dirs
 log = logging.getLogger(__name__)
 
 
+FEATURES_PREFIX = "features-L"  # a data directory's feature folders: features-L1-14-27, ...
+
+
 def features_dir(data_dir: Path, taps: tuple[int, ...]) -> Path:
-    return Path(data_dir) / ("features-L" + "-".join(str(t) for t in taps))
+    return Path(data_dir) / (FEATURES_PREFIX + "-".join(str(t) for t in taps))
+
+
+def feature_dirs(data_dir: Path) -> list[Path]:
+    """Every feature folder of a data directory, whatever taps it holds."""
+    return sorted(p for p in Path(data_dir).glob(FEATURES_PREFIX + "*") if p.is_dir())
 
 
 class TapModel:

@@ -130,6 +130,8 @@ def build_for_arch(cfg: dict, draft_vocab: str | None) -> nn.Module:
         if drafter.cfg.gamma != cfg["gamma"]:
             raise ValueError(f"--drafter {cfg['drafter']} drafts {drafter.cfg.gamma} tokens per "
                              f"block: train it with --gamma {drafter.cfg.gamma}")
+        if cfg.get("add_layers"):
+            drafter.deepen(cfg["add_layers"], cfg["seed"])
         return drafter
     if arch == "conditioned":
         return build_conditioned(feature_source(cfg), cfg["num_layers"], config_taps(cfg),

@@ -88,6 +88,7 @@ class TrainConfig:
     objective: str = "diffusion"  # diffusion (the drafter's mask block) | ar (a plain causal LM)
     arch: str = "block-causal"  # block-causal | conditioned | injected (see ARCHS)
     num_taps: int = 3  # conditioned/injected: verifier layers tapped (spread from 1 to N-3)
+    add_layers: int = 0  # conditioned --drafter: new layers appended (zero output: same drafts)
     verifier: str | None = None  # injected: the verifier whose features are read
     loss: str = "streak"
     gamma: int = DEFAULT_GAMMA
@@ -147,6 +148,11 @@ class TrainConfig:
     def _validate_arch(self) -> None:
         if self.arch not in ARCHS:
             raise ValueError(f"--arch must be {' or '.join(ARCHS)}, got {self.arch!r}")
+        if self.add_layers < 0:
+            raise ValueError("--add-layers must be >= 0")
+        if self.add_layers and (self.arch != "conditioned" or self.drafter is None):
+            raise ValueError("--add-layers deepens a trained conditioned drafter: use it with "
+                             "--arch conditioned --drafter DIR")
         if self.arch == "block-causal":
             return
         if self.num_taps < 1:
@@ -239,7 +245,7 @@ def check_data_tokenizer(meta: dict, cfg: TrainConfig) -> None:
 _RESUMABLE_CHANGES = frozenset({"output", "steps", "save_every", "eval_every", "eval_windows",
                                 "resume", "mixed_precision", "gradient_checkpointing"})
 # Settings added after runs were saved, with the value those runs had.
-_ADDED_FIELDS = {"objective": "diffusion"}
+_ADDED_FIELDS = {"objective": "diffusion", "add_layers": 0}
 # Settings renamed after runs were saved: old name -> name now.
 _RENAMED_FIELDS = {"draft_temperature": "drafter_temperature"}
 

@@ -34,7 +34,7 @@ def word_prompts(tmp_path: Path) -> Path:
 def test_quick_suite_writes_json_table_and_plots(tmp_path, word_prompts, tiny_verifier,
                                                  tiny_drafter):
     out, plots = tmp_path / "out" / "suite.json", tmp_path / "plots"
-    methods = "plain,ngram,specdiff2,specdiff2:gamma=2,draft-model"
+    methods = "plain,ngram,specdiff2,specdiff2:gamma=2,specdiff2:adaptive=false:gamma=2,draft-model"
     cmd = [str(Path(sys.executable).with_name("vllm-specdiff")), "--no-speed-env", "bench",
            "--quick", "--prompts", str(word_prompts), "--limit", "3", "--methods", methods,
            "--batch-size", "1", "2", "--max-tokens", "8", "--gamma", str(GAMMA),
@@ -56,7 +56,9 @@ def test_quick_suite_writes_json_table_and_plots(tmp_path, word_prompts, tiny_ve
     assert by[(2, "draft-model")]["per_position_acceptance"] == [1.0] * GAMMA
     counts = by[(2, "draft-model")]["spec_decode_counts"]
     assert counts["num_accepted_tokens"] == counts["num_draft_tokens"] > 0
-    assert len(by[(1, "specdiff2:gamma=2")]["per_position_acceptance"]) == 2
+    # a fixed gamma always drafts (adaptive drafting may draft nothing with these tiny models)
+    fixed = by[(1, "specdiff2:adaptive=false:gamma=2")]
+    assert len(fixed["per_position_acceptance"]) == 2 and fixed["chosen_gamma_histogram"] is None
     assert by[(1, "specdiff2")]["drafter_ms_per_step"] > 0
     assert 0 < by[(1, "specdiff2")]["drafter_share_of_step"] < 1
     # adaptive drafting (the default) reports its choices per cell, over its own gamma

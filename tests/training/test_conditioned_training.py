@@ -159,6 +159,38 @@ def test_lora_adapts_a_trained_conditioned_drafter_and_loads_eval_and_exports_me
         torch.testing.assert_close(shipped.window_logits(*args), got, rtol=0.02, atol=0.05)
 
 
+def test_add_layers_deepens_a_trained_drafter_without_changing_its_drafts_then_trains_them(
+        tmp_path, greedy_data, verifier3):
+    """`--add-layers`: a deeper drafter starts at the trained one's logits (new layers' output
+    projections zero), its new layers learn, and it resumes and ships at its new depth."""
+    from vllm_specdiff.drafter.conditioned import ConditionedDrafter
+
+    base = Trainer(_cfg(greedy_data, tmp_path / "base", verifier3, steps=3)).run()["model"]
+    deeper = Trainer(_cfg(greedy_data, tmp_path / "deep", verifier3, drafter=base, add_layers=1,
+                          steps=4, save_every=2))
+    assert deeper.drafter.cfg.num_hidden_layers == 2
+    batch = deeper._micro_batch(0)
+    args = (batch.input_ids, batch.starts, GAMMA, batch.features)
+    shallow = ConditionedDrafter.from_pretrained(base, verifier3).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(deeper.drafter.eval().window_logits(*args),
+                                   shallow.window_logits(*args))
+    new = deeper.drafter.layers[1]
+    before = {n: p.detach().clone() for n, p in new.named_parameters()}
+    summary = deeper.run()
+    changed = [n for n, p in new.named_parameters() if not torch.equal(p, before[n])]
+    assert any("o_proj" in n for n in changed) and any("q_proj" in n for n in changed)
+
+    shipped = ConditionedDrafter.from_pretrained(summary["model"], verifier3).eval()
+    rebuilt = drafter_from_checkpoint(latest_checkpoint(tmp_path / "deep"))
+    assert shipped.cfg.num_hidden_layers == rebuilt.cfg.num_hidden_layers == 2
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt.window_logits(*args),
+                                   deeper.drafter.eval().window_logits(*args))
+    with pytest.raises(ValueError, match="--add-layers deepens a trained conditioned drafter"):
+        _cfg(greedy_data, tmp_path, verifier3, add_layers=1).validate()
+
+
 def test_conditioned_arch_refuses_an_existing_drafter_or_a_missing_verifier(tmp_path, greedy_data,
                                                                             verifier3):
     with pytest.raises(ValueError, match="--init-from"):

@@ -15,6 +15,9 @@ from vllm_specdiff_training.cli import main
 from vllm_specdiff_training.corpus import (
     CHAT_TEMPLATES,
     HELDOUT_TOPICS,
+    MORE_TEMPLATES,
+    MORE_TOPICS,
+    TOPICS,
     CorpusConfig,
     run_corpus,
     uses_heldout_topic,
@@ -78,20 +81,28 @@ def test_corpus_mixes_code_and_chat_and_holds_out_topics(tmp_path):
     assert (tmp_path / "again.jsonl").read_text() == out.read_text()
 
 
-@pytest.mark.parametrize("seed", [0, 3])
-def test_every_seed_holds_out_the_benchmark_chat_topics(tmp_path, seed):
+@pytest.mark.parametrize(("seed", "more_topics"), [(0, False), (3, False), (5, True)])
+def test_every_seed_holds_out_the_benchmark_chat_topics(tmp_path, seed, more_topics):
     """The benchmark's held-out chat prompts were written with seed 0; a corpus of any seed must
-    not train on their topics (seed 3's once drew its own split and trained on 17 of them)."""
+    not train on their topics (seed 3's once drew its own split and trained on 17 of them), nor
+    with `--more-topics`, which adds training-only topics and templates."""
     bench = [r["messages"][0]["content"] for r in read_jsonl(BENCHMARK_CHAT)]
     assert bench and all(uses_heldout_topic(b) for b in bench)  # the check knows them all
     out = tmp_path / "p.jsonl"
     summary = run_corpus(CorpusConfig(output=str(out), num_code=0, num_chat=1500, seed=seed,
-                                      source_roots=[str(tmp_path)]))
+                                      source_roots=[str(tmp_path)], more_topics=more_topics))
     assert set(summary["heldout_topics"]) == HELDOUT_TOPICS
     chat = [json.loads(line)["messages"][0]["content"] for line in out.read_text().splitlines()]
     assert len(chat) == 1500
     assert not any(uses_heldout_topic(c) for c in chat)
     assert not set(chat) & set(bench)
+    def fills(templates, topics):
+        return {t.format(t=a, u=b) for t in templates for a in topics
+                for b in (topics if "{u}" in t else topics[:1])}
+
+    every_topic = TOPICS + MORE_TOPICS
+    assert bool(set(chat) - fills(CHAT_TEMPLATES, every_topic)) == more_topics  # new templates
+    assert bool(set(chat) - fills(CHAT_TEMPLATES + MORE_TEMPLATES, TOPICS)) == more_topics
 
 
 def test_a_corpus_can_exclude_an_earlier_corpus_prompts(tmp_path):
@@ -120,6 +131,8 @@ def test_the_heldout_check_reads_templates_not_words():
     assert uses_heldout_topic(f"Explain {topic} in simple terms.")
     assert not uses_heldout_topic(f"Explain {topic} and more in simple terms.")
     assert not uses_heldout_topic(f"Please explain {topic} in simple terms.")
+    assert uses_heldout_topic(MORE_TEMPLATES[0].format(t=topic, u="chess"))
+    assert not set(MORE_TOPICS) & (HELDOUT_TOPICS | set(TOPICS))
 
 
 def test_corpus_code_tasks_pick_the_kinds_of_request(tmp_path, capsys):

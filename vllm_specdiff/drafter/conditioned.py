@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -303,6 +303,23 @@ class ConditionedDrafter(Drafter):
         with torch.no_grad():
             model.mask_embedding.copy_(model.embed_tokens.weight.mean(0))
         return model
+
+    def deepen(self, extra: int, seed: int = 0) -> None:
+        """Append `extra` new layers whose output projections are zero: the drafter drafts
+        exactly as before, so a deeper drafter is trained on from this one's acceptance
+        instead of from scratch (the layer count can be raised without losing CPU hours)."""
+        if extra < 1:
+            raise ValueError(f"extra layers must be >= 1, got {extra}")
+        torch.manual_seed(seed)
+        self.cfg = replace(self.cfg, num_hidden_layers=self.cfg.num_hidden_layers + extra)
+        for _ in range(extra):
+            layer = ConditionedLayer(self.cfg).to(device=self.device, dtype=self.dtype)
+            for name, p in layer.named_parameters():
+                if name.endswith(("o_proj.weight", "down_proj.weight")):
+                    nn.init.zeros_(p)
+                elif p.dim() == 2:
+                    nn.init.normal_(p, std=0.02)
+            self.layers.append(layer)
 
     # attributes the trainer reads from every drafter
     @property
