@@ -121,6 +121,9 @@ HELP = {
     "max_windows": "held-out windows evaluated",
     "split": "heldout (the prompts train held out) or all",
     "plot": "write the per-position acceptance PNG",
+    "replay": "also replay each sequence as greedy serving drafts it (each step right after what "
+              "the last one committed; K = 1, T = 0): replay_accepted_per_step predicts the "
+              "accepted length serving reports, which random windows overstate",
     "verifier_pass": "run the verifier on the drafts; --no-verifier-pass scores the drafter "
                      "against the data's own tokens only (verifier_token_streak, "
                      "data_greedy_accepted_length: on temperature-1 / greedy data the expected "

@@ -44,6 +44,7 @@ from .data import (
 from .features import attach_features
 from .losses import Targets, expected_streak_of, greedy_accepted_of, hard_log_accept
 from .model import drafter_from_checkpoint
+from .replay import replay_greedy
 from .windows import VocabMap, eval_windows, make_batch
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,7 @@ class EvalConfig:
     batch_size: int = 8  # held-out sequences (each with its windows) per drafter/verifier call
     plot: bool = True
     verifier_pass: bool = True  # False: score against the data's tokens only (no verifier run)
+    replay: bool = False  # also replay every sequence in serving order (training/replay.py)
 
     def validate(self) -> None:
         if not self.candidates:
@@ -206,8 +208,9 @@ class Evaluator:
                 on_verifier.add(self, cand.name, drafter.to_verifier_vocab(raw), inputs, starts)
         verifier_result = on_verifier.result() if on_verifier is not None else \
             dict.fromkeys(VERIFIER_KEYS)
+        replayed = replay_greedy(drafter, self.data, cfg.gamma) if cfg.replay else {}
         return {"drafter": cand.drafter, "lora": cand.lora, "windows": on_data.windows,
-                **verifier_result, **on_data.result()}
+                **verifier_result, **on_data.result(), **replayed}
 
 
 # What only the verifier pass measures (None with --no-verifier-pass).

@@ -52,10 +52,14 @@ def test_conditioned_run_learns_resumes_and_rebuilds_from_its_checkpoint(tmp_pat
     report = run_eval(EvalConfig(
         data=str(greedy_data), verifier=str(verifier3), gamma=GAMMA, max_windows=24,
         candidates=[f"dir={summary['model']}", f"run={tmp_path / 'long'}"],
-        output=str(tmp_path / "eval.json"), heldout_fraction=0.25))["results"]
+        output=str(tmp_path / "eval.json"), heldout_fraction=0.25, replay=True))["results"]
     assert report["dir"]["expected_accepted_length"] == pytest.approx(
         report["run"]["expected_accepted_length"], rel=1e-5)
     assert report["dir"]["greedy_accepted_length"] > 0
+    replayed = report["dir"]  # serving order, with the drafter's features
+    assert sum(replayed["replay_histogram"]) == replayed["replay_steps"] > 0
+    assert replayed["replay_accepted_per_step"] == pytest.approx(
+        report["run"]["replay_accepted_per_step"], rel=1e-5)
     assert len(report["dir"]["per_position_acceptance_greedy"]) == GAMMA
 
     # the curve starts at the untrained drafter (step 0) and lands in one JSON with its machine
