@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from .feature_rows import FeatureRows
+
 FORMAT = "specdiff-distill/1"
 META_FILE = "meta.json"
 
@@ -119,7 +121,7 @@ class SequenceData:
     topk_ids: torch.Tensor | None  # [Tgen, k] int64
     topk_logprobs: torch.Tensor | None  # [Tgen, k] float32
     meta: dict
-    features: torch.Tensor | None = None  # [T, F] verifier features (conditioned drafters)
+    features: FeatureRows | None = None  # [T, F] verifier features (conditioned drafters)
 
     def __len__(self) -> int:
         return int(self.prompt_lens.shape[0])
@@ -163,9 +165,8 @@ class SequenceData:
             seq_offsets=offsets, prompt_lens=plens,
             prompt_index=self.prompt_index[indices] if indices else self.prompt_index[:0],
             gen_offsets=gen_offsets, topk_ids=ids, topk_logprobs=lps, meta=self.meta,
-            features=None if self.features is None else torch.cat(
-                [self.features[self.seq_offsets[i]:self.seq_offsets[i + 1]] for i in indices]
-                or [self.features[:0]]))
+            features=None if self.features is None else self.features.subset(
+                [(int(self.seq_offsets[i]), int(self.seq_offsets[i + 1])) for i in indices]))
 
 
 def data_dirs(data: str | Path) -> list[Path]:
@@ -225,33 +226,18 @@ def load_sequences(data: str | Path) -> SequenceData:
         meta=meta)
 
 
-def split_heldout(data: SequenceData, fraction: float, *, consume: bool = False
-                  ) -> tuple[SequenceData, SequenceData]:
+def split_heldout(data: SequenceData, fraction: float) -> tuple[SequenceData, SequenceData]:
     """Split by prompt (never by sample) so held-out windows share no prompt with training ones.
 
     The split is a pure function of the prompt index alone (not of any run's --seed), so `train`
-    and `eval` always agree on it whatever seeds they were given. With consume, the training
-    part's verifier features are compacted inside data's own tensor instead of copied (they can
-    run to gigabytes, too many to hold twice), and data loses its features.
+    and `eval` always agree on it whatever seeds they were given. Verifier features are shared
+    as views, never copied (they can run to gigabytes).
     """
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"--heldout-fraction must be in [0, 1), got {fraction}")
     held = [i for i in range(len(data)) if _heldout(int(data.prompt_index[i]), fraction)]
     held_set = set(held)
-    train = [i for i in range(len(data)) if i not in held_set]
-    if not consume or data.features is None:
-        return data.subset(train), data.subset(held)
-    held_data = data.subset(held)
-    feats, data.features = data.features, None
-    train_data = data.subset(train)
-    filled = 0
-    for i in train:  # ascending, so each sequence moves towards the front or stays
-        lo, hi = int(data.seq_offsets[i]), int(data.seq_offsets[i + 1])
-        if lo != filled:
-            feats[filled:filled + hi - lo] = feats[lo:hi].clone()
-        filled += hi - lo
-    train_data.features = feats[:filled]
-    return train_data, held_data
+    return data.subset([i for i in range(len(data)) if i not in held_set]), data.subset(held)
 
 
 def _heldout(prompt_index: int, fraction: float) -> bool:

@@ -15,11 +15,11 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from .data import SequenceData, data_dirs
+from .feature_rows import FeatureRows, map_safetensor
 
 log = logging.getLogger(__name__)
 
@@ -110,26 +110,26 @@ def build_features(data: str | Path, verifier_dir: str | Path, taps: tuple[int, 
 
 def attach_features(seqs: SequenceData, verifier_dir: str | Path, taps: tuple[int, ...],
                     device: str = "cpu") -> None:
-    """Set seqs.features [T, taps*H] (float16), aligned with seqs.tokens: the shards
-    `load_sequences` read, in its order."""
+    """Set seqs.features: rows [T, taps*H] (float16) aligned with seqs.tokens, memory-mapped
+    from the feature shards of the shards `load_sequences` read, in its order."""
     shards = [Path(p) for p in seqs.meta["_shards"]]
     files = ensure_features(shards, verifier_dir, taps, device)
-    # filled shard by shard into one tensor: the features of all the data can run to gigabytes,
-    # too many to hold twice (the shards and their concatenation)
-    with safe_open(str(files[0]), "pt") as first:  # every shard must be as wide as the first
-        width = first.get_slice("features").get_shape()[1]
-    feats = torch.empty(seqs.tokens.shape[0], width, dtype=torch.float16)
-    filled = 0
+    lengths = (seqs.seq_offsets[1:] - seqs.seq_offsets[:-1]).tolist()
+    segments: list[torch.Tensor] = []
+    width = None
     for path in files:
-        part = load_file(str(path))["features"]
-        end = filled + part.shape[0]
-        if end > feats.shape[0] or part.shape[1] != width:
-            filled = -1
+        part = map_safetensor(path, "features")
+        width = part.shape[1] if width is None else width
+        row = 0
+        while part.shape[1] == width and len(segments) < len(lengths) \
+                and row + lengths[len(segments)] <= part.shape[0]:
+            segments.append(part[row:row + lengths[len(segments)]])
+            row += segments[-1].shape[0]
+        if part.shape[1] != width or row != part.shape[0]:
+            segments = []
             break
-        feats[filled:end] = part
-        filled = end
-    if filled != feats.shape[0]:
+    if len(segments) != len(lengths):
         raise ValueError(f"the verifier features in {files[0].parent} do not match the data "
-                         f"({feats.shape[0]} tokens of {width} features): delete them and rerun "
-                         f"to rebuild them")
-    seqs.features = feats
+                         f"({seqs.tokens.shape[0]} tokens of {width} features): delete them and "
+                         f"rerun to rebuild them")
+    seqs.features = FeatureRows(segments, int(width), torch.float16)

@@ -294,8 +294,7 @@ class Trainer:
         if cfg.loss in SOFT_LOSSES and not data.has_soft_targets:
             raise ValueError(f"--loss {cfg.loss} needs soft targets: regenerate the data with "
                              f"`generate --top-logprobs K`")
-        self.train_data, self.heldout = split_heldout(data, cfg.heldout_fraction,
-                                                       consume=True)
+        self.train_data, self.heldout = split_heldout(data, cfg.heldout_fraction)
         self.soft = cfg.loss in SOFT_LOSSES
 
         torch.manual_seed(cfg.seed)

@@ -6,6 +6,7 @@ from safetensors.torch import load_file, save_file
 
 from vllm_specdiff_training.data import load_sequences, split_heldout
 from vllm_specdiff_training.data_pack import main as data_pack
+from vllm_specdiff_training.feature_rows import map_safetensor
 from vllm_specdiff_training.features import TapModel, attach_features, features_dir
 from vllm_specdiff_training.generate import GenerateConfig, run_generate
 
@@ -68,23 +69,27 @@ def test_features_that_do_not_match_the_data_are_refused(tmp_path, prompts_file,
         attach_features(load_sequences(out), verifier, (1,))
 
 
-def test_the_consuming_split_gives_each_part_the_features_a_copying_split_gives(
-        tmp_path, prompts_file):
+def test_the_split_shares_the_mapped_features_and_keeps_each_sequence_rows(tmp_path,
+                                                                          prompts_file):
+    """Features are read from the feature shards in place (memory-mapped): the same values as
+    loading them, and a train / held-out split hands out views of those rows, never copies."""
     verifier = make_verifier(tmp_path / "v", layers=3)
-    seqs = load_sequences(_data(tmp_path, verifier, prompts_file))
+    out = _data(tmp_path, verifier, prompts_file)
+    seqs = load_sequences(out)
     attach_features(seqs, verifier, (1,))
-    copied = split_heldout(seqs, 0.4)
-    held = [int(p) for p in copied[1].prompt_index]
-    order = [int(p) for p in seqs.prompt_index]
-    # a held-out sequence comes before a training one, so training rows had to move
-    assert min(order.index(p) for p in held) < max(order.index(p) for p in order if p not in held)
-    storage = seqs.features.untyped_storage().data_ptr()
-    consumed = split_heldout(seqs, 0.4, consume=True)
-    assert seqs.features is None
-    assert consumed[0].features.untyped_storage().data_ptr() == storage  # not a second copy
-    for mine, theirs in zip(consumed, copied, strict=True):
-        assert torch.equal(mine.features, theirs.features)
-        assert torch.equal(mine.tokens, theirs.tokens)
+    path = sorted(features_dir(out, (1,)).glob("shard-*.safetensors"))[1]
+    assert torch.equal(map_safetensor(path, "features"), load_file(str(path))["features"])
+    train, held = split_heldout(seqs, 0.4)
+    assert len(train) and len(held)
+    row_of = {int(p): i for i, p in enumerate(seqs.prompt_index)}
+    for part in (train, held):
+        for j in range(len(part)):
+            i = row_of[int(part.prompt_index[j])]
+            mine = part.features[part.seq_offsets[j]:part.seq_offsets[j + 1]]
+            theirs = seqs.features[seqs.seq_offsets[i]:seqs.seq_offsets[i + 1]]
+            assert torch.equal(mine, theirs) and mine.data_ptr() == theirs.data_ptr()
+    with pytest.raises(IndexError, match="not inside one segment"):
+        seqs.features[0:seqs.length(0) + 1]  # rows of two sequences
 
 
 def test_packed_data_unpacks_to_the_same_shards(tmp_path, prompts_file, capsys):
