@@ -20,7 +20,8 @@
 # `eval` builds the verifier features their taps read), into generalization_curve_conditioned_*.json;
 # SPECDIFF_CURVE_EXTRA="NAME=DIR ..." adds drafters (any mode).
 # `eval --no-verifier-pass` scores each draft against the data's own tokens: exact for greedy
-# data at T = 0, and ~1 minute per candidate and set on one core. The data are generated once
+# data at T = 0, and ~1 minute per candidate and set on one core; `--replay` adds the accepted
+# length per step in serving order (replay_accepted_per_step), the figure serving reports. The data are generated once
 # (vLLM, ~3 minutes a set) under $SPECDIFF_CACHE_DIR/data/bench-*-greedy.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -73,5 +74,5 @@ with open(sys.argv[2], "w") as f:
   OMP_NUM_THREADS=1 "$BIN/specdiff-distill" eval --data "$DATA" --verifier "$V" \
     "${CANDIDATES[@]}" --split all --windows-per-seq "${WINDOWS[0]}" \
     --max-windows "${WINDOWS[1]}" --gamma 8 \
-    --no-verifier-pass --output "$OUT/generalization_curve${SUFFIX}_$SET.json"
+    --no-verifier-pass --replay --output "$OUT/generalization_curve${SUFFIX}_$SET.json"
 done

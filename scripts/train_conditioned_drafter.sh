@@ -116,7 +116,7 @@ build_features; print(build_features('$d', '$V', (${TAPS[*]/%/,})))"
   generate-chat)
     # A chat-heavy corpus (seed 4: 3,000 chat instructions and 1,000 code requests), greedy:
     # chat is where the drafter accepts least. It repeats no prompt of the corpora built before.
-    earlier="$(compgen -G "$CACHE/corpus/*.jsonl" | grep -v -e general4 -e heldout | paste -sd,)"
+    earlier="$(compgen -G "$CACHE/corpus/*.jsonl" | grep -v -e general4 -e general5 -e heldout | paste -sd,)"
     [ -f "$CACHE/corpus/general4.jsonl" ] || $NICE "$BIN/specdiff-distill" corpus \
       --output "$CACHE/corpus/general4.jsonl" --num-code 1000 --num-chat 3000 \
       --code-tasks explain,fix,test,write,rewrite,annotate --seed 4 ${earlier:+--exclude "$earlier"}
