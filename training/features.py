@@ -110,16 +110,16 @@ def build_features(data: str | Path, verifier_dir: str | Path, taps: tuple[int, 
 
 def attach_features(seqs: SequenceData, verifier_dir: str | Path, taps: tuple[int, ...],
                     device: str = "cpu") -> None:
-    """Set seqs.features: rows [T, taps*H] (float16) aligned with seqs.tokens, memory-mapped
+    """Set seqs.features: rows [T, taps*H] (as stored: float16) aligned with seqs.tokens, mapped
     from the feature shards of the shards `load_sequences` read, in its order."""
     shards = [Path(p) for p in seqs.meta["_shards"]]
     files = ensure_features(shards, verifier_dir, taps, device)
     lengths = (seqs.seq_offsets[1:] - seqs.seq_offsets[:-1]).tolist()
     segments: list[torch.Tensor] = []
-    width = None
+    first = map_safetensor(files[0], "features")  # every shard must be as wide as the first
+    width, dtype = first.shape[1], first.dtype
     for path in files:
         part = map_safetensor(path, "features")
-        width = part.shape[1] if width is None else width
         row = 0
         while part.shape[1] == width and len(segments) < len(lengths) \
                 and row + lengths[len(segments)] <= part.shape[0]:
@@ -132,4 +132,4 @@ def attach_features(seqs: SequenceData, verifier_dir: str | Path, taps: tuple[in
         raise ValueError(f"the verifier features in {files[0].parent} do not match the data "
                          f"({seqs.tokens.shape[0]} tokens of {width} features): delete them and "
                          f"rerun to rebuild them")
-    seqs.features = FeatureRows(segments, int(width), torch.float16)
+    seqs.features = FeatureRows(segments, width, dtype)
