@@ -21,8 +21,8 @@
 # SPECDIFF_CURVE_EXTRA="NAME=DIR ..." adds drafters (any mode).
 # `eval --no-verifier-pass` scores each draft against the data's own tokens: exact for greedy
 # data at T = 0, and ~1 minute per candidate and set on one core; `--replay` adds the accepted
-# length per step in serving order (replay_accepted_per_step), the figure serving reports. The data are generated once
-# (vLLM, ~3 minutes a set) under $SPECDIFF_CACHE_DIR/data/bench-*-greedy.
+# length per step in serving order (replay_accepted_per_step), the figure serving reports. The
+# data are generated once (vLLM, ~3 minutes a set) under $SPECDIFF_CACHE_DIR/data/bench-*-greedy.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
