@@ -19,8 +19,9 @@
 #                instructions): $CACHE/data/greedy-complete2 and greedy-general2, resumable
 #     generate-chat  greedy continuations of a chat-heavy corpus (seed 4; 3,000 chat
 #                instructions, 1,000 code requests): $CACHE/data/greedy-general4, resumable
-#     generate-topics  greedy continuations of a corpus with more chat topics (seed 5,
-#                --more-topics; 3,000 chat, 500 code): $CACHE/data/greedy-general5, resumable
+#     generate-topics [SEED]  greedy continuations of a corpus with more chat topics (seed
+#                SEED, default 5, --more-topics; 3,000 chat, 500 code):
+#                $CACHE/data/greedy-generalSEED, resumable
 #     continue [ARGS]  design a on all the data (completion and general corpus, greedy and,
 #                where their features are all built, temperature 1 and generate-more's corpora),
 #                from the shipped conditioned drafter (or SPECDIFF_CONDITIONED_START; a new
@@ -123,19 +124,26 @@ build_features; print(build_features('$d', '$V', (${TAPS[*]/%/,})))"
     generate "$CACHE/corpus/general4.jsonl" "$CACHE/data/greedy-general4" 0
     decontaminate general4 greedy-general4 ;;
   generate-topics)
-    # Chat on more topics (seed 5, --more-topics: ~190 training-only topics and 12 more
-    # templates; 3,000 chat instructions, 500 code requests), greedy: on chat the drafter fits
-    # the 112 template topics it saw and transfers less. Repeats no earlier corpus's prompt.
-    earlier="$(for c in prompts complete complete2 general2 general4; do
-      compgen -G "$CACHE/corpus/$c.jsonl"; done | paste -sd,)"
-    [ -f "$CACHE/corpus/general5.jsonl" ] || $NICE "$BIN/specdiff-distill" corpus \
-      --output "$CACHE/corpus/general5.jsonl" --num-code 500 --num-chat 3000 --more-topics \
-      --code-tasks explain,fix,test,write,rewrite,annotate --seed 5 ${earlier:+--exclude "$earlier"}
-    generate "$CACHE/corpus/general5.jsonl" "$CACHE/data/greedy-general5" 0
-    decontaminate general5 greedy-general5 ;;
+    # Chat on more topics (seed SEED, default 5, --more-topics: ~190 training-only topics and 12
+    # more templates; 3,000 chat instructions, 500 code requests), greedy: on chat the drafter
+    # fits the topics it saw and transfers less. Repeats no earlier corpus's prompt (those of
+    # seeds below SEED included).
+    seed="${2:-5}"
+    earlier="$(for c in prompts complete complete2 general2 general4 \
+      $(seq -f 'general%g' 5 $((seed - 1))); do compgen -G "$CACHE/corpus/$c.jsonl"; done \
+      | paste -sd,)"
+    [ -f "$CACHE/corpus/general$seed.jsonl" ] || $NICE "$BIN/specdiff-distill" corpus \
+      --output "$CACHE/corpus/general$seed.jsonl" --num-code 500 --num-chat 3000 --more-topics \
+      --code-tasks explain,fix,test,write,rewrite,annotate --seed "$seed" \
+      ${earlier:+--exclude "$earlier"}
+    generate "$CACHE/corpus/general$seed.jsonl" "$CACHE/data/greedy-general$seed" 0
+    decontaminate "general$seed" "greedy-general$seed" ;;
   continue)
     all="$CACHE/data/greedy-complete,$CACHE/data/greedy"
-    for extra in t1 greedy-complete2 greedy-general2 greedy-general4 greedy-general5; do  # the features stage builds the rest
+    # the features stage builds the rest; greedy-generalN in seed order (a resumed run's data
+    # may only grow at the end)
+    for extra in t1 greedy-complete2 $(compgen -G "$CACHE/data/greedy-general*" \
+        | xargs -rn1 basename | sort -V); do
       n="$(count "$CACHE/data/$extra/shard-*")"
       [ "$n" -gt 0 ] && [ "$n" = "$(count "$CACHE/data/$extra/$FEATURES/shard-*")" ] \
         && all="$all,$CACHE/data/$extra"
