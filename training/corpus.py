@@ -327,11 +327,9 @@ def run_corpus(cfg: CorpusConfig) -> dict:
     exclude = frozenset(r["messages"][0]["content"] for path in cfg.exclude
                         for r in read_jsonl(path))
     code = build_code_prompts(cfg.num_code, roots, rng, tuple(cfg.code_tasks), exclude)
-    if cfg.more_topics:
-        chat = build_chat_prompts(cfg.num_chat, train_topics + list(MORE_TOPICS), rng, exclude,
-                                  CHAT_TEMPLATES + MORE_TEMPLATES)
-    else:
-        chat = build_chat_prompts(cfg.num_chat, train_topics, rng, exclude)
+    more = cfg.more_topics
+    chat = build_chat_prompts(cfg.num_chat, train_topics + list(MORE_TOPICS if more else ()), rng,
+                              exclude, CHAT_TEMPLATES + (MORE_TEMPLATES if more else ()))
     records = [{"messages": [{"role": "user", "content": p}], "source": "code"} for p in code]
     records += [{"messages": [{"role": "user", "content": p}], "source": "chat"} for p in chat]
     rng.shuffle(records)

@@ -115,11 +115,10 @@ def attach_features(seqs: SequenceData, verifier_dir: str | Path, taps: tuple[in
     shards = [Path(p) for p in seqs.meta["_shards"]]
     files = ensure_features(shards, verifier_dir, taps, device)
     lengths = (seqs.seq_offsets[1:] - seqs.seq_offsets[:-1]).tolist()
+    parts = [map_safetensor(path, "features") for path in files]
+    width, dtype = parts[0].shape[1], parts[0].dtype  # every shard must be as wide as the first
     segments: list[torch.Tensor] = []
-    first = map_safetensor(files[0], "features")  # every shard must be as wide as the first
-    width, dtype = first.shape[1], first.dtype
-    for path in files:
-        part = map_safetensor(path, "features")
+    for part in parts:
         row = 0
         while part.shape[1] == width and len(segments) < len(lengths) \
                 and row + lengths[len(segments)] <= part.shape[0]:
