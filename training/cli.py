@@ -70,6 +70,8 @@ HELP = {
             "verifier's hidden states, DFlash-style; --init-from names the verifier)",
     "add_layers": "--arch conditioned --drafter: append this many new layers (their output "
                   "projections zero, so training starts from that drafter's acceptance)",
+    "add_taps": "--arch conditioned --drafter: comma-separated verifier layers to read too (their "
+                "feature-projection columns zero, so training starts from that drafter)",
     "num_taps": "--arch conditioned/injected: verifier layers tapped, spread from layer 1 to N-3",
     "verifier": "verifier model directory (generate; train --arch injected: the verifier whose "
                 "hidden states the drafter reads)",

@@ -31,6 +31,11 @@ def features_dir(data_dir: Path, taps: tuple[int, ...]) -> Path:
     return Path(data_dir) / (FEATURES_PREFIX + "-".join(str(t) for t in taps))
 
 
+def dir_taps(features: Path) -> tuple[int, ...]:
+    """The taps a feature folder holds (features_dir's inverse)."""
+    return tuple(int(t) for t in Path(features).name[len(FEATURES_PREFIX):].split("-"))
+
+
 def feature_dirs(data_dir: Path) -> list[Path]:
     """Every feature folder of a data directory, whatever taps it holds."""
     return sorted(p for p in Path(data_dir).glob(FEATURES_PREFIX + "*") if p.is_dir())
@@ -82,12 +87,35 @@ def build_shard_features(tap: TapModel, shard: Path, out: Path) -> None:
     tmp.replace(out)
 
 
+def slice_stored_features(shard: Path, taps: tuple[int, ...], out: Path) -> bool:
+    """Write a shard's features for `taps` from a stored feature shard of more taps (its
+    columns, no verifier forward): features built once for many taps serve every subset."""
+    for folder in feature_dirs(shard.parent):
+        have = dir_taps(folder)
+        source = folder / shard.name
+        if folder == out.parent or not set(taps) <= set(have) or not source.is_file():
+            continue
+        rows = map_safetensor(source, "features")
+        width = rows.shape[1] // len(have)
+        columns = torch.cat([torch.arange(have.index(t) * width, (have.index(t) + 1) * width)
+                             for t in taps])
+        out.parent.mkdir(exist_ok=True)
+        tmp = out.with_suffix(f".{os.getpid()}.tmp")
+        save_file({"features": rows.index_select(1, columns).contiguous()}, str(tmp))
+        tmp.replace(out)
+        return True
+    return False
+
+
 def ensure_features(shards: list[Path], verifier_dir: str | Path, taps: tuple[int, ...],
                     device: str = "cpu") -> list[Path]:
-    """The feature shard of every data shard, computing the missing ones."""
+    """The feature shard of every data shard: stored, sliced from a stored superset, or
+    computed."""
     # beside the shard's real file, so that a folder of links to shards shares their cache
-    paths = [features_dir(s.resolve().parent, taps) / s.resolve().name for s in shards]
-    todo = [(s, p) for s, p in zip(shards, paths, strict=True) if not p.is_file()]
+    real = [s.resolve() for s in shards]
+    paths = [features_dir(s.parent, taps) / s.name for s in real]
+    todo = [(s, p) for s, p in zip(real, paths, strict=True)
+            if not p.is_file() and not slice_stored_features(s, taps, p)]
     if todo:
         log.info("computing verifier features (taps %s) for %d shards", taps, len(todo))
         tap = TapModel(verifier_dir, taps, device)

@@ -94,11 +94,15 @@ def feature_source(cfg: dict) -> str | None:
 
 def config_taps(cfg: dict) -> tuple[int, ...]:
     """The verifier layers a `train` config's drafter reads: those of the conditioned drafter it
-    starts from, else `num_taps` spread over the verifier (none for token-only drafters)."""
+    starts from (and --add-taps), else `num_taps` spread over the verifier (none for token-only
+    drafters)."""
     from vllm_specdiff.drafter.checkpoint import read_config
 
     if cfg.get("arch") == "conditioned" and cfg.get("drafter"):
-        return tuple(read_config(cfg["drafter"])["target_layer_ids"])
+        from vllm_specdiff.drafter.conditioned import merged_taps
+
+        return merged_taps(tuple(read_config(cfg["drafter"])["target_layer_ids"]),
+                           cfg.get("add_taps", []))
     source = feature_source(cfg)
     return conditioned_taps(source, cfg["num_taps"]) if source else ()
 
@@ -132,6 +136,8 @@ def build_for_arch(cfg: dict, draft_vocab: str | None) -> nn.Module:
                              f"block: train it with --gamma {drafter.cfg.gamma}")
         if cfg.get("add_layers"):
             drafter.deepen(cfg["add_layers"], cfg["seed"])
+        if cfg.get("add_taps"):
+            drafter.add_taps(cfg["add_taps"])
         return drafter
     if arch == "conditioned":
         return build_conditioned(feature_source(cfg), cfg["num_layers"], config_taps(cfg),

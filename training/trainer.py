@@ -89,6 +89,7 @@ class TrainConfig:
     arch: str = "block-causal"  # block-causal | conditioned | injected (see ARCHS)
     num_taps: int = 3  # conditioned/injected: verifier layers tapped (spread from 1 to N-3)
     add_layers: int = 0  # conditioned --drafter: new layers appended (zero output: same drafts)
+    add_taps: list[int] = field(default_factory=list)  # conditioned --drafter: layers read too
     verifier: str | None = None  # injected: the verifier whose features are read
     loss: str = "streak"
     gamma: int = DEFAULT_GAMMA
@@ -152,6 +153,14 @@ class TrainConfig:
             raise ValueError("--add-layers must be >= 0")
         if self.add_layers and (self.arch != "conditioned" or self.drafter is None):
             raise ValueError("--add-layers deepens a trained conditioned drafter: use it with "
+                             "--arch conditioned --drafter DIR")
+        try:
+            self.add_taps = [int(t) for t in self.add_taps]  # the command line gives strings
+        except ValueError:
+            raise ValueError(f"--add-taps takes verifier layer numbers (e.g. 8,20), got "
+                             f"{','.join(map(str, self.add_taps))}") from None
+        if self.add_taps and (self.arch != "conditioned" or self.drafter is None):
+            raise ValueError("--add-taps widens a trained conditioned drafter: use it with "
                              "--arch conditioned --drafter DIR")
         if self.arch == "block-causal":
             return
@@ -245,7 +254,7 @@ def check_data_tokenizer(meta: dict, cfg: TrainConfig) -> None:
 _RESUMABLE_CHANGES = frozenset({"output", "steps", "save_every", "eval_every", "eval_windows",
                                 "resume", "mixed_precision", "gradient_checkpointing"})
 # Settings added after runs were saved, with the value those runs had.
-_ADDED_FIELDS = {"objective": "diffusion", "add_layers": 0}
+_ADDED_FIELDS = {"objective": "diffusion", "add_layers": 0, "add_taps": []}
 # Settings renamed after runs were saved: old name -> name now.
 _RENAMED_FIELDS = {"draft_temperature": "drafter_temperature"}
 

@@ -195,6 +195,45 @@ def test_add_layers_deepens_a_trained_drafter_without_changing_its_drafts_then_t
         _cfg(greedy_data, tmp_path, verifier3, add_layers=1).validate()
 
 
+def test_add_taps_widens_a_trained_drafter_without_changing_its_drafts_then_trains_them(
+        tmp_path, greedy_data, verifier3):
+    """`--add-taps`: a drafter that reads one more verifier layer starts at the trained one's
+    logits (zero projection columns for the new tap), learns to use it, and ships wider."""
+    from vllm_specdiff.drafter.conditioned import ConditionedDrafter
+
+    base = Trainer(_cfg(greedy_data, tmp_path / "base", verifier3, num_taps=1,
+                        steps=3)).run()["model"]
+    assert ConditionedDrafter.from_pretrained(base, verifier3).feature_taps == (0,)
+    wider = Trainer(_cfg(greedy_data, tmp_path / "wide", verifier3, drafter=base,
+                         add_taps=["1"], steps=4, save_every=2))
+    assert wider.drafter.feature_taps == (0, 1)
+    batch = wider._micro_batch(0)
+    assert batch.features.shape[-1] == 2 * wider.drafter.cfg.hidden_size
+    narrow = ConditionedDrafter.from_pretrained(base, verifier3).eval()
+    with torch.no_grad():
+        got = wider.drafter.eval().window_logits(batch.input_ids, batch.starts, GAMMA,
+                                                 batch.features)
+        torch.testing.assert_close(got, narrow.window_logits(
+            batch.input_ids, batch.starts, GAMMA, batch.features[..., :narrow.cfg.hidden_size]))
+        # negative control: the new tap's columns are the only ones that are zero
+        assert not torch.equal(got, narrow.window_logits(
+            batch.input_ids, batch.starts, GAMMA, batch.features[..., narrow.cfg.hidden_size:]))
+    h = wider.drafter.cfg.hidden_size
+    summary = wider.run()
+    assert wider.drafter.fc.weight[:, h:].abs().sum() > 0  # the new tap is read now
+    shipped = ConditionedDrafter.from_pretrained(summary["model"], verifier3)
+    rebuilt = drafter_from_checkpoint(latest_checkpoint(tmp_path / "wide"))
+    assert shipped.feature_taps == rebuilt.feature_taps == (0, 1)
+    with pytest.raises(ValueError, match="--add-taps widens a trained conditioned drafter"):
+        _cfg(greedy_data, tmp_path, verifier3, add_taps=[1]).validate()
+    with pytest.raises(ValueError, match="--add-taps takes verifier layer numbers"):
+        _cfg(greedy_data, tmp_path, verifier3, drafter=base, add_taps=["x"]).validate()
+    with pytest.raises(ValueError, match="must be layers 0..N-2"):
+        Trainer(_cfg(greedy_data, tmp_path / "bad", verifier3, drafter=base, add_taps=[2]))
+    with pytest.raises(ValueError, match="are read already"):
+        Trainer(_cfg(greedy_data, tmp_path / "same", verifier3, drafter=base, add_taps=[0]))
+
+
 def test_conditioned_arch_refuses_an_existing_drafter_or_a_missing_verifier(tmp_path, greedy_data,
                                                                             verifier3):
     with pytest.raises(ValueError, match="--init-from"):

@@ -92,6 +92,35 @@ def test_the_split_shares_the_mapped_features_and_keeps_each_sequence_rows(tmp_p
         seqs.features[0:seqs.length(0) + 1]  # rows of two sequences
 
 
+def test_features_of_fewer_taps_are_sliced_from_stored_ones_without_a_verifier_forward(
+        tmp_path, prompts_file, monkeypatch):
+    """Features built once for taps (0, 1, 2) serve any subset, each tap's columns in place; taps
+    that no stored folder holds still run the verifier (negative control)."""
+    import vllm_specdiff_training.features as features
+
+    verifier = make_verifier(tmp_path / "v", layers=4)
+    out = _data(tmp_path, verifier, prompts_file)
+    wide = load_sequences(out)
+    attach_features(wide, verifier, (0, 1, 2))
+    forwards = []
+    monkeypatch.setattr(features, "TapModel", lambda *a, **k: forwards.append(a) or 1 / 0)
+    for taps in ((0, 2), (1,)):
+        for path in features_dir(out, taps).glob("shard-*.safetensors"):
+            path.unlink()
+        sliced = load_sequences(out)
+        attach_features(sliced, verifier, taps)
+        cols = torch.cat([torch.arange(t * 32, (t + 1) * 32) for t in taps])
+        for i in range(len(sliced)):
+            torch.testing.assert_close(sliced.features[sliced.seq_offsets[i]:
+                                                       sliced.seq_offsets[i + 1]],
+                                       wide.features[wide.seq_offsets[i]:
+                                                     wide.seq_offsets[i + 1]][:, cols])
+    assert not forwards
+    with pytest.raises(ZeroDivisionError):  # taps no stored folder holds: a verifier forward
+        attach_features(load_sequences(out), verifier, (3,))
+    assert forwards
+
+
 def test_packed_data_unpacks_to_the_same_shards(tmp_path, prompts_file, capsys):
     verifier = make_verifier(tmp_path / "v", layers=2)
     out = _data(tmp_path, verifier, prompts_file)

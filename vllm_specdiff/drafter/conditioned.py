@@ -130,6 +130,17 @@ def spread_taps(num_layers: int, num_taps: int) -> tuple[int, ...]:
     return tuple(round(first + i * (last - first) / (num_taps - 1)) for i in range(num_taps))
 
 
+def merged_taps(taps: tuple[int, ...], extra: list[int] | tuple[int, ...]) -> tuple[int, ...]:
+    """The taps of a drafter that reads `extra` layers too, in layer order (the order its
+    features are concatenated, the order vLLM captures them in)."""
+    if not extra:
+        return tuple(taps)
+    if list(taps) != sorted(set(taps)):
+        raise ValueError(f"taps can be added to a drafter whose taps are distinct and in layer "
+                         f"order, not {list(taps)}")
+    return tuple(sorted(set(taps) | {int(t) for t in extra}))
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     a, b = x.chunk(2, dim=-1)
     return torch.cat([-b, a], dim=-1)
@@ -320,6 +331,24 @@ class ConditionedDrafter(Drafter):
                 elif p.dim() == 2:
                     nn.init.normal_(p, std=0.02)
             self.layers.append(layer)
+
+    def add_taps(self, extra: list[int] | tuple[int, ...]) -> None:
+        """Read more verifier layers: the feature projection gets zero columns for the new taps,
+        so the drafter drafts exactly as before and training decides what the new layers add
+        (taps can be compared without losing the CPU hours behind this drafter)."""
+        old = tuple(self.cfg.target_layer_ids)
+        taps = merged_taps(old, extra)
+        if taps == old:
+            raise ValueError(f"taps {list(extra)} are read already (this drafter taps {list(old)})")
+        cfg = replace(self.cfg, target_layer_ids=taps)  # checks the taps are verifier layers
+        h = self.cfg.hidden_size
+        fc = nn.Linear(cfg.feature_size, h, bias=False).to(device=self.device, dtype=self.dtype)
+        with torch.no_grad():
+            fc.weight.zero_()
+            for i, t in enumerate(old):
+                j = taps.index(t)
+                fc.weight[:, j * h:(j + 1) * h] = self.fc.weight[:, i * h:(i + 1) * h]
+        self.fc, self.cfg = fc, cfg
 
     # attributes the trainer reads from every drafter
     @property
