@@ -32,8 +32,9 @@ def features_dir(data_dir: Path, taps: tuple[int, ...]) -> Path:
 
 
 def dir_taps(features: Path) -> tuple[int, ...]:
-    """The taps a feature folder holds (features_dir's inverse)."""
-    return tuple(int(t) for t in Path(features).name[len(FEATURES_PREFIX):].split("-"))
+    """The taps a feature folder holds (features_dir's inverse; none for a foreign name)."""
+    parts = Path(features).name[len(FEATURES_PREFIX):].split("-")
+    return tuple(int(t) for t in parts) if all(t.isdigit() for t in parts) else ()
 
 
 def feature_dirs(data_dir: Path) -> list[Path]:
