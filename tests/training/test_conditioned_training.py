@@ -215,7 +215,8 @@ def test_add_taps_widens_a_trained_drafter_without_changing_its_drafts_then_trai
                                                  batch.features)
         torch.testing.assert_close(got, narrow.window_logits(
             batch.input_ids, batch.starts, GAMMA, batch.features[..., :narrow.cfg.hidden_size]))
-        # negative control: the new tap's columns are the only ones that are zero
+        # negative control: fed the new tap's columns instead, the trained drafter drafts
+        # otherwise, so the comparison above sees which columns the old tap reads
         assert not torch.equal(got, narrow.window_logits(
             batch.input_ids, batch.starts, GAMMA, batch.features[..., narrow.cfg.hidden_size:]))
     h = wider.drafter.cfg.hidden_size
