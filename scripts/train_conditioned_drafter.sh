@@ -19,9 +19,10 @@
 #                instructions): $CACHE/data/greedy-complete2 and greedy-general2, resumable
 #     generate-chat  greedy continuations of a chat-heavy corpus (seed 4; 3,000 chat
 #                instructions, 1,000 code requests): $CACHE/data/greedy-general4, resumable
-#     generate-topics [SEED]  greedy continuations of a corpus with more chat topics (seed
-#                SEED, default 5, --more-topics; 3,000 chat, 500 code):
-#                $CACHE/data/greedy-generalSEED, resumable
+#     generate-topics [SEED [CORPUS_ARGS]]  greedy continuations of a corpus with more chat
+#                topics (seed SEED, default 5, --more-topics; 3,000 chat, 500 code; CORPUS_ARGS go
+#                to `corpus`, e.g. --extra-topics from seed 10 on: seeds 8 and 9 had used up the
+#                --more-topics pool's one-topic prompts): $CACHE/data/greedy-generalSEED, resumable
 #     continue [ARGS]  design a on all the data (completion and general corpus, greedy and,
 #                where their features are all built, temperature 1 and generate-more's corpora),
 #                from the shipped conditioned drafter (or SPECDIFF_CONDITIONED_START; a new
@@ -135,7 +136,7 @@ build_features; print(build_features('$d', '$V', (${TAPS[*]/%/,})))"
     [ -f "$CACHE/corpus/general$seed.jsonl" ] || $NICE "$BIN/specdiff-distill" corpus \
       --output "$CACHE/corpus/general$seed.jsonl" --num-code 500 --num-chat 3000 --more-topics \
       --code-tasks explain,fix,test,write,rewrite,annotate --seed "$seed" \
-      ${earlier:+--exclude "$earlier"}
+      ${earlier:+--exclude "$earlier"} "${@:3}"
     generate "$CACHE/corpus/general$seed.jsonl" "$CACHE/data/greedy-general$seed" 0
     decontaminate "general$seed" "greedy-general$seed" ;;
   continue)

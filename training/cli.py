@@ -33,6 +33,8 @@ HELP = {
     "exclude": "comma-separated corpus files (JSONL) whose prompts this corpus does not repeat",
     "more_topics": "also draw the training chat from ~190 more topics and 12 more templates (never "
                    "held out; off keeps earlier seeds' corpora reproducible)",
+    "extra_topics": "also draw the training chat from a third pool of ~230 topics and 16 templates "
+                    "(never held out; off keeps earlier seeds' corpora reproducible)",
     "source_roots": "comma-separated directories of Python source (default: this interpreter's "
                     "standard library and site-packages)",
     # generate

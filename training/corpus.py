@@ -136,6 +136,63 @@ MORE_TEMPLATES = (
 )
 
 
+# `--extra-topics`: a third pool, added 2026-12-07 when seeds 8 and 9 of `--more-topics` found
+# its 10,404 one-topic prompts used up and drew 74% / 98% of their chat from its three two-topic
+# templates. Training-only, like MORE_TOPICS, and kept clear of the held-out topics' neighbours.
+EXTRA_TOPICS = (
+    "hedgehogs", "bats", "foxes", "beavers", "otters", "seals", "crabs", "snails", "earthworms",
+    "ladybugs", "dragonflies", "fireflies", "hummingbirds", "eagles", "crows", "pigeons",
+    "flamingos", "camels", "giraffes", "zebras", "gorillas", "koalas", "polar bears", "salmon",
+    "seahorses", "starfish", "oak trees", "bamboo", "cacti", "sunflowers", "roses", "moss",
+    "seaweed", "tulips", "pine forests", "meadows", "waterfalls", "canyons", "sand dunes",
+    "hot springs", "geysers", "tide pools", "coastlines", "prairies", "blood circulation",
+    "the lungs", "the skin", "the stomach", "vitamins", "allergies", "hiccups", "yawning",
+    "fingerprints", "left-handedness", "optical illusions", "colour blindness", "echoes",
+    "friction", "levers", "pulleys", "simple machines", "buoyancy", "crystals", "salt", "sugar",
+    "steel", "concrete", "rubber", "paper making", "ink", "lasers", "barcodes", "QR codes", "GPS",
+    "Wi-Fi", "touchscreens", "keyboards", "operating systems", "compilers", "version control",
+    "unit testing", "algorithms", "sorting algorithms", "recursion", "binary numbers",
+    "prime numbers", "the number zero", "pi", "infinity", "percentages", "graphs and charts",
+    "logic puzzles", "sudoku", "crossword puzzles", "the Rubik's cube", "magic tricks", "juggling",
+    "street food", "night markets", "festivals", "fireworks", "parades", "lanterns", "masks",
+    "costumes", "hairdressing", "perfume", "jewellery", "shoes", "hats", "uniforms",
+    "school lunches", "homework", "exams", "summer camps", "student clubs", "graduation",
+    "first jobs", "internships", "freelancing", "coworking spaces", "commuting", "carpooling",
+    "city parks", "playgrounds", "fountains", "statues", "skyscrapers", "tunnels", "canals",
+    "harbours", "train stations", "post offices", "postcards", "stamps", "handwritten letters",
+    "diaries", "scrapbooking", "photo albums", "family recipes", "family trees",
+    "customer service", "restaurants", "food delivery", "farmers markets", "bakeries",
+    "bookshops", "second-hand shops", "repair cafes", "community gardens", "firefighters",
+    "lifeguards", "librarians", "chefs", "carpenters", "plumbers", "farmers", "teachers",
+    "dentists", "veterinarians", "architects", "journalists", "musicians", "actors", "referees",
+    "the Bronze Age", "the Stone Age", "the Ottoman Empire", "the Mongol Empire", "the Inca",
+    "ancient China", "Roman roads", "the Byzantine Empire", "the Age of Exploration",
+    "the invention of paper", "the abacus", "sundials", "windmills", "water mills",
+    "the Gold Rush", "watercolour painting", "sketching", "cartoons", "animation", "puppetry",
+    "stand-up comedy", "choirs", "karaoke", "the guitar", "the flute", "the harmonica",
+    "vinyl records", "radio dramas", "card games", "dominoes", "jigsaw puzzles", "model trains",
+    "birdwatching", "geocaching", "bowling", "archery", "fencing", "martial arts", "badminton",
+    "volleyball", "rugby", "ice hockey", "gymnastics", "umbrellas", "laundry", "tidying a room",
+    "moving house", "renting an apartment", "grocery shopping", "meal planning", "food waste",
+    "picnics", "barbecues", "ice cream", "pizza", "sandwiches", "noodles", "dumplings", "curry",
+    "olive oil", "honey",
+)
+EXTRA_TEMPLATES = (
+    "Write a short blog post about {t}.", "Explain {t} using an analogy.",
+    "What are five common mistakes people make with {t}?",
+    "Write a letter to a friend describing {t}.",
+    "Summarize the key ideas of {t} in three bullet points.",
+    "Give me a checklist for getting started with {t}.",
+    "Write an encyclopedia-style introduction to {t}.",
+    "Explain {t} in exactly five sentences.", "Write a motivational message about {t}.",
+    "Write a FAQ with four questions and answers about {t}.",
+    "Tell me a short legend about the origin of {t}.", "How does {t} affect everyday life?",
+    "Give an example related to {t} and explain it step by step.",
+    "Write a short scene for a play about {t}.",
+    "What would a museum exhibition about {t} show?",
+    "Write a review of an imaginary book about {t}.",
+)
+
 @dataclass
 class CorpusConfig:
     output: str
@@ -147,6 +204,7 @@ class CorpusConfig:
     code_tasks: list[str] = field(default_factory=lambda: list(CODE_TASKS))
     exclude: list[str] = field(default_factory=list)  # earlier corpora: prompts not to repeat
     more_topics: bool = False  # also MORE_TOPICS and MORE_TEMPLATES (training chat only)
+    extra_topics: bool = False  # also EXTRA_TOPICS and EXTRA_TEMPLATES (training chat only)
     seed: int = 0
 
     def validate(self) -> None:
@@ -282,7 +340,8 @@ def _template_pattern(template: str) -> re.Pattern[str]:
                               for p in parts))
 
 
-_TEMPLATE_PATTERNS = tuple(_template_pattern(t) for t in CHAT_TEMPLATES + MORE_TEMPLATES)
+_TEMPLATE_PATTERNS = tuple(_template_pattern(t)
+                           for t in CHAT_TEMPLATES + MORE_TEMPLATES + EXTRA_TEMPLATES)
 
 
 def uses_heldout_topic(prompt: str) -> bool:
@@ -327,9 +386,11 @@ def run_corpus(cfg: CorpusConfig) -> dict:
     exclude = frozenset(r["messages"][0]["content"] for path in cfg.exclude
                         for r in read_jsonl(path))
     code = build_code_prompts(cfg.num_code, roots, rng, tuple(cfg.code_tasks), exclude)
-    more = cfg.more_topics
-    chat = build_chat_prompts(cfg.num_chat, train_topics + list(MORE_TOPICS if more else ()), rng,
-                              exclude, CHAT_TEMPLATES + (MORE_TEMPLATES if more else ()))
+    more, extra = cfg.more_topics, cfg.extra_topics
+    topics = train_topics + list(MORE_TOPICS if more else ()) + list(EXTRA_TOPICS if extra else ())
+    templates = (CHAT_TEMPLATES + (MORE_TEMPLATES if more else ())
+                 + (EXTRA_TEMPLATES if extra else ()))
+    chat = build_chat_prompts(cfg.num_chat, topics, rng, exclude, templates)
     records = [{"messages": [{"role": "user", "content": p}], "source": "code"} for p in code]
     records += [{"messages": [{"role": "user", "content": p}], "source": "chat"} for p in chat]
     rng.shuffle(records)

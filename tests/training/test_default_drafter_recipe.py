@@ -14,6 +14,8 @@ from vllm_specdiff.prompts import read_jsonl
 from vllm_specdiff_training.cli import main
 from vllm_specdiff_training.corpus import (
     CHAT_TEMPLATES,
+    EXTRA_TEMPLATES,
+    EXTRA_TOPICS,
     HELDOUT_TOPICS,
     MORE_TEMPLATES,
     MORE_TOPICS,
@@ -81,16 +83,19 @@ def test_corpus_mixes_code_and_chat_and_holds_out_topics(tmp_path):
     assert (tmp_path / "again.jsonl").read_text() == out.read_text()
 
 
-@pytest.mark.parametrize(("seed", "more_topics"), [(0, False), (3, False), (5, True)])
-def test_every_seed_holds_out_the_benchmark_chat_topics(tmp_path, seed, more_topics):
+@pytest.mark.parametrize(("seed", "more_topics", "extra_topics"),
+                         [(0, False, False), (3, False, False), (5, True, False), (10, True, True)])
+def test_every_seed_holds_out_the_benchmark_chat_topics(tmp_path, seed, more_topics,
+                                                        extra_topics):
     """The benchmark's held-out chat prompts were written with seed 0; a corpus of any seed must
     not train on their topics (seed 3's once drew its own split and trained on 17 of them), nor
-    with `--more-topics`, which adds training-only topics and templates."""
+    with `--more-topics` or `--extra-topics`, which add training-only topics and templates."""
     bench = [r["messages"][0]["content"] for r in read_jsonl(BENCHMARK_CHAT)]
     assert bench and all(uses_heldout_topic(b) for b in bench)  # the check knows them all
     out = tmp_path / "p.jsonl"
     summary = run_corpus(CorpusConfig(output=str(out), num_code=0, num_chat=1500, seed=seed,
-                                      source_roots=[str(tmp_path)], more_topics=more_topics))
+                                      source_roots=[str(tmp_path)], more_topics=more_topics,
+                                      extra_topics=extra_topics))
     assert set(summary["heldout_topics"]) == HELDOUT_TOPICS
     chat = [json.loads(line)["messages"][0]["content"] for line in out.read_text().splitlines()]
     assert len(chat) == 1500
@@ -103,6 +108,11 @@ def test_every_seed_holds_out_the_benchmark_chat_topics(tmp_path, seed, more_top
     every_topic = TOPICS + MORE_TOPICS
     assert bool(set(chat) - fills(CHAT_TEMPLATES, every_topic)) == more_topics  # new templates
     assert bool(set(chat) - fills(CHAT_TEMPLATES + MORE_TEMPLATES, TOPICS)) == more_topics
+    # the third pool's topics and templates appear exactly when asked for
+    first_two = fills(CHAT_TEMPLATES + MORE_TEMPLATES, every_topic)
+    assert bool(set(chat) - first_two) == extra_topics
+    assert bool(set(chat) & fills(EXTRA_TEMPLATES, TOPICS + MORE_TOPICS + EXTRA_TOPICS)) \
+        == extra_topics
 
 
 def test_a_corpus_can_exclude_an_earlier_corpus_prompts(tmp_path):
@@ -133,6 +143,8 @@ def test_the_heldout_check_reads_templates_not_words():
     assert not uses_heldout_topic(f"Please explain {topic} in simple terms.")
     assert uses_heldout_topic(MORE_TEMPLATES[0].format(t=topic, u="chess"))
     assert not set(MORE_TOPICS) & (HELDOUT_TOPICS | set(TOPICS))
+    assert not set(EXTRA_TOPICS) & (HELDOUT_TOPICS | set(TOPICS) | set(MORE_TOPICS))
+    assert uses_heldout_topic(EXTRA_TEMPLATES[0].format(t=topic))
 
 
 def test_corpus_code_tasks_pick_the_kinds_of_request(tmp_path, capsys):
