@@ -193,6 +193,7 @@ EXTRA_TEMPLATES = (
     "Write a review of an imaginary book about {t}.",
 )
 
+
 @dataclass
 class CorpusConfig:
     output: str
