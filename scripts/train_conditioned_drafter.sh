@@ -27,7 +27,8 @@
 #                where their features are all built, temperature 1 and generate-more's corpora),
 #                from the shipped conditioned drafter (or SPECDIFF_CONDITIONED_START; a new
 #                machine keeps only the repository), or resumed; a restart reads the shards
-#                that exist; ARGS go to `train` (e.g. --save-every 250)
+#                that exist; ARGS go to `train` (e.g. --save-every 250; a --data there
+#                replaces the pack list, as stage 8 trained on five packs)
 #     export [STEP]  ship the newest run's checkpoint STEP (default: its latest; continue, else
 #                design-a) into vllm_specdiff/assets/conditioned_drafter, and its vLLM `dflash`
 #                export to $CACHE/drafters/conditioned-dflash
