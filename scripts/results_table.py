@@ -35,13 +35,14 @@ MAIN_SUITE = "suite_main_"  # stems of the main runs, summarised in the compact 
 # The README's headline: the latest runs of the default at batch 1 and 16. An entry is a results
 # file, optionally with `#METHOD`: the cell that is the default in that run (a run made before
 # the default drafter changed names the new default by its options); plain `specdiff2` otherwise.
-# conditioned-stage8 benchmarked stage 8's step 5,000 from its export in the cache, the same
+# conditioned-stage10 benchmarked stage 10's step 3,000 from its export in the cache, the same
 # bytes as the drafter shipped since (its NOTE.md).
-CONDITIONED = "specdiff2:drafter=/root/.cache/vllm-specdiff/drafters/stage8-5000"
-HEADLINE = (f"2026-12-07/conditioned-stage8/b1_humaneval_steady.json#{CONDITIONED}",
-            f"2026-12-07/conditioned-stage8/b1_t0.json#{CONDITIONED}",
-            f"2026-12-07/conditioned-stage8/b16_t0.json#{CONDITIONED}",
-            f"2026-12-07/conditioned-stage8/b16_cont.json#{CONDITIONED}")
+CONDITIONED = "specdiff2:drafter=/root/.cache/vllm-specdiff/drafters/stage10-3000"
+HEADLINE = (f"2026-12-07/conditioned-stage10/b1_humaneval_steady.json#{CONDITIONED}",
+            f"2026-12-07/conditioned-stage10/b1_t0.json#{CONDITIONED}",
+            f"2026-12-07/conditioned-stage10/b1_self.json#{CONDITIONED}",
+            f"2026-12-07/conditioned-stage10/b16_t0.json#{CONDITIONED}",
+            f"2026-12-07/conditioned-stage10/b16_cont.json#{CONDITIONED}")
 HEADER = ("| run | prompts | T | gamma | K (T_d) | plain tok/s | speculative tok/s | speedup "
           "| accepted/step | drafter ms (share of verifier step) | identical | date, machine |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|")

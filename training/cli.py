@@ -1,6 +1,7 @@
 """`specdiff-distill`: generate verifier data, streak-distil a drafter, evaluate it.
 
     specdiff-distill corpus --output prompts.jsonl --heldout-output chat_heldout.jsonl
+    specdiff-distill self-prompts --verifier DIR --output self.jsonl --num-prompts 2000
     specdiff-distill generate --verifier DIR --prompts prompts.jsonl --output data/
     specdiff-distill train --data data/ --drafter DRAFTER_DIR --output runs/streak
     specdiff-distill eval --data data/ --verifier DIR --candidate base=DRAFTER_DIR \\
@@ -37,6 +38,16 @@ HELP = {
                     "(never held out; off keeps earlier seeds' corpora reproducible)",
     "source_roots": "comma-separated directories of Python source (default: this interpreter's "
                     "standard library and site-packages)",
+    # self-prompts
+    "num_prompts": "requests to keep (sampling goes on until this many pass the filter)",
+    "min_words": "drop requests of fewer words",
+    "max_request_tokens": "drop requests that have not ended their turn within this many tokens",
+    "samples_per_round": "requests sampled per call (one seeded request; vLLM seeds its samples "
+                         "apart)",
+    "max_rounds": "give up (with a warning) after this many times --num-prompts / "
+                  "--samples-per-round sampling calls",
+    "benchmark_prompts": "comma-separated prompt sources (built-in sets or .jsonl) whose "
+                         "8-word runs a kept request must not share",
     # generate
     "prompts": "jsonl: one prompt per line (string, {'prompt'|'text': str} or {'messages': [...]})",
     "num_samples": "continuations per prompt",
@@ -136,7 +147,8 @@ HELP = {
 SINGULAR = {"candidates": "candidate"}
 # old flags, still accepted with a warning: field -> flags
 DEPRECATED = {"drafter_temperature": ("--draft-temperature",)}
-REQUIRED = {"corpus": {"output"}, "generate": {"verifier", "prompts", "output"},
+REQUIRED = {"corpus": {"output"}, "self-prompts": {"verifier", "output"},
+            "generate": {"verifier", "prompts", "output"},
             "train": {"data", "output"}, "eval": {"data", "verifier", "candidates"},
             "export": {"verifier", "output"}, "datastore": {"data", "output"},
             "curves": {"runs", "output"}}
@@ -191,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .evaluate import EvalConfig
     from .export import ExportConfig
     from .generate import GenerateConfig
+    from .self_prompts import SelfPromptsConfig
     from .trainer import TrainConfig
 
     parser = argparse.ArgumentParser(prog="specdiff-distill", description=__doc__.split("\n")[0])
@@ -199,6 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, cls, desc in (
             ("corpus", CorpusConfig, "build a training prompt corpus (installed Python source + "
                                      "chat instructions)"),
+            ("self-prompts", SelfPromptsConfig, "chat requests written by the verifier "
+                                                "itself, benchmark material dropped"),
             ("generate", GenerateConfig, "prompts -> verifier continuations (token-id shards)"),
             ("train", TrainConfig, "streak-distil a drafter on verifier sequences"),
             ("eval", EvalConfig, "accepted lengths and acceptance curves against the verifier"),
@@ -227,6 +242,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from .corpus import run_corpus
 
             result = run_corpus(cfg)
+        elif args.command == "self-prompts":
+            from .self_prompts import run_self_prompts
+
+            result = run_self_prompts(cfg)
         elif args.command == "generate":
             from .generate import run_generate
 

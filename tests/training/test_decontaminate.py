@@ -2,6 +2,7 @@
 data directory (shards, soft targets and feature shards alike), and the committed data packs hold
 no benchmark prompt."""
 
+import functools
 import json
 from pathlib import Path
 
@@ -14,6 +15,12 @@ from vllm_specdiff.prompts import read_jsonl
 from vllm_specdiff_training.corpus import HELDOUT_TOPICS, TOPICS, uses_heldout_topic
 from vllm_specdiff_training.data import FORMAT, SequenceChunk, read_meta, write_meta, write_shard
 from vllm_specdiff_training.decontaminate import drop_prompts, heldout_prompt_numbers, main
+from vllm_specdiff_training.self_prompts import (
+    BENCHMARK_SOURCES,
+    benchmark_ngrams,
+    names_heldout_topic,
+    ngrams,
+)
 
 REPO = Path(__file__).parents[2]
 HELD = sorted(HELDOUT_TOPICS)[0]
@@ -121,3 +128,12 @@ def test_committed_data_holds_no_benchmark_prompt(pack, tokenizer):
     assert len(texts) > 100
     assert not [t for t in texts if uses_heldout_topic(t) or t in bench_chat]
     assert not [t for t in texts if any(line in t for line in humaneval)]
+    if pack.stem.startswith("greedy-self"):  # the verifier's own requests: the stricter filter
+        assert not [t for t in texts if names_heldout_topic(t)]
+        assert not [t for t in texts if ngrams(t) & _benchmark_ngrams()]
+
+
+@functools.cache
+def _benchmark_ngrams() -> frozenset[tuple[str, ...]]:
+    return frozenset(benchmark_ngrams(
+        [*BENCHMARK_SOURCES[:-1], str(REPO / BENCHMARK_SOURCES[-1])]))
