@@ -135,5 +135,5 @@ def test_committed_data_holds_no_benchmark_prompt(pack, tokenizer):
 
 @functools.cache
 def _benchmark_ngrams() -> frozenset[tuple[str, ...]]:
-    return frozenset(benchmark_ngrams(
-        [*BENCHMARK_SOURCES[:-1], str(REPO / BENCHMARK_SOURCES[-1])]))
+    return frozenset(benchmark_ngrams(  # the .jsonl sources are relative to the repository
+        [str(REPO / s) if s.endswith(".jsonl") else s for s in BENCHMARK_SOURCES]))
