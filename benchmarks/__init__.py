@@ -13,8 +13,11 @@ from typing import Any
 
 
 def emit_report(report: dict[str, Any], out: Path | None) -> None:
-    """Print a benchmark's JSON report and, with `out`, write it there too."""
-    text = json.dumps(report, indent=2)
+    """Print a benchmark's JSON report and, with `out`, write it there too (paths under the
+    repository, the cache or home written portably: `vllm_specdiff.provenance.portable`)."""
+    from vllm_specdiff.provenance import portable
+
+    text = json.dumps(portable(report), indent=2)
     print(text)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

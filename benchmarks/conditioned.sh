@@ -3,7 +3,8 @@
 # `dflash` method serving the same drafter's export (issue 39's targets), on the default verifier
 # (SmolLM2-135M-Instruct). Every run steps its methods side by side (--interleave step) in one
 # process, so speedups are ratios within the run. Writes into OUT (default
-# benchmarks/results/DATE/conditioned) one JSON + Markdown table per run:
+# out/conditioned-DATE) one JSON + Markdown table per run (copy a re-measured run over its name
+# in benchmarks/results/conditioned/, which the docs quote):
 #   b1_t0.json   batch 1, T = 0, HumanEval-as-chat and held-out chat: plain, the default
 #                (standalone drafter, adaptive, prompt lookup), the conditioned drafter alone
 #                (adaptive, no lookup), the conditioned drafter with the defaults, vLLM dflash
@@ -23,7 +24,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
 CACHE="${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}"
-OUT="${1:-$ROOT/benchmarks/results/$(date -u +%F)/conditioned}"
+OUT="${1:-$ROOT/out/conditioned-$(date -u +%F)}"
 A="${SPECDIFF_CONDITIONED:-vllm_specdiff/assets/conditioned_drafter}"
 DFLASH="$CACHE/drafters/conditioned-dflash"
 V="$("$BIN/vllm-specdiff" models | sed -n 's/^verifier: //p')"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The cells the targets of issues 9 and 12 are judged on, with the default models on this
 # machine, every method of a run in one process (ratios from the same run; see
-# vllm_specdiff/bench/suite.py). Writes into OUT (default benchmarks/results/DATE) the demo's
-# JSON and one suite JSON + Markdown table per run (with date, machine, versions and command),
-# from which `python scripts/results_table.py --write` regenerates docs/results.md.
+# vllm_specdiff/bench/suite.py). Writes into OUT (default out/standalone-DATE) the demo's
+# JSON and one suite JSON + Markdown table per run (with date, machine, versions and command);
+# a run the docs quote is copied over its name in benchmarks/results/standalone/, from which
+# `python scripts/results_table.py --write` regenerates docs/results.md.
 # The whole suite of issue 12 (all sets, T, batch sizes, K and gamma sweeps) is
 # benchmarks/suite.sh.
 #
@@ -29,7 +30,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
-OUT="${1:-$ROOT/benchmarks/results/$(date -u +%F)}"
+OUT="${1:-$ROOT/out/standalone-$(date -u +%F)}"
 LIMIT="${SPECDIFF_BENCH_LIMIT:-8}"
 SETS=(humaneval "$ROOT/benchmarks/prompts/chat_heldout.jsonl")
 AR="${SPECDIFF_AR_DRAFTER:-${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}/drafters/ar-drafter}"

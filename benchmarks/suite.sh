@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark suite of issue 12 on the default verifier (SmolLM2-135M-Instruct), on this
 # machine: every method in one process per run, medians of repeats. Writes into OUT (default
-# benchmarks/results/DATE) one JSON + Markdown table per run and the PNG plots:
+# out/suite-DATE; the runs a doc quotes are copied into benchmarks/results/ under stable names)
+# one JSON + Markdown table per run and the PNG plots:
 #   suite_main_b16.json, suite_main_b4.json, suite_main_b1.json (one run per batch size, the
 #                    largest first): plain, ngram, [draft-model], specdiff-base, specdiff2 (the
 #                    default, with prompt lookup: adaptive and fixed gamma), specdiff2-nolookup
@@ -34,7 +35,7 @@
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
-OUT="${1:-$ROOT/benchmarks/results/$(date -u +%F)}"
+OUT="${1:-$ROOT/out/suite-$(date -u +%F)}"
 LIMIT="${SPECDIFF_BENCH_LIMIT:-16}"
 MAX_TOKENS="${SPECDIFF_BENCH_MAX_TOKENS:-64}"
 REPEATS="${SPECDIFF_BENCH_REPEATS:-3}"

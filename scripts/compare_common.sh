@@ -1,7 +1,7 @@
-# Shared plumbing of the comparison scripts (compare_losses.sh, compare_data.sh): sourced, not
-# run. One place for the training settings every compared run shares (the default drafter's, from
-# scripts/train_default_drafter.sh, except the loss, the warm-up and the step count), so two
-# comparisons differ only in what they compare.
+# Shared plumbing of the loss comparison (compare_losses.sh) and scripts/train_default_drafter.sh:
+# sourced, not run. One place for the training settings every compared run shares (the default
+# drafter's, from scripts/train_default_drafter.sh, except the loss, the warm-up and the step
+# count), so the compared runs differ only in what they compare.
 #
 # Needs BIN and CACHE set; NICE defaults to nice 19.
 NICE="${NICE:-nice -n ${SPECDIFF_NICE:-19}}"

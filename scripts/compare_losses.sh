@@ -14,8 +14,8 @@
 # run may append directories: DIR,MORE).
 #
 # START_CHECKPOINT: a checkpoint of the default drafter's run (default: its latest).
-# RESULT_JSON: default benchmarks/results/loss_comparison.json (PNG beside it; docs/results.md
-# lists it with the other measurements).
+# RESULT_JSON: default out/loss_comparison.json (PNG beside it); the figure the standalone
+# drafter's model card quotes is benchmarks/results/standalone/training/loss_comparison.json.
 # SPECDIFF_COMPARE_STEPS (default 200) optimizer steps per loss; SPECDIFF_COMPARE_PARALLEL
 # (default 2) runs at a time, one torch thread each; SPECDIFF_COMPARE_WINDOWS (default 512)
 # held-out windows evaluated. Runs land in $SPECDIFF_CACHE_DIR/runs/.
@@ -25,7 +25,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
 CACHE="${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}"
-# shared with compare_data.sh: start directory, train and eval settings
+# shared with train_default_drafter.sh: start directory, train and eval settings
 source "$ROOT/scripts/compare_common.sh"
 STEPS="${SPECDIFF_COMPARE_STEPS:-200}"
 PARALLEL="${SPECDIFF_COMPARE_PARALLEL:-2}"
@@ -37,7 +37,7 @@ if [ "${1:-}" = --continue ]; then
   shift 3
 fi
 START="${1:-$(ls -d "$RUN"/checkpoints/step-* | sort | tail -n 1)}"
-RESULT="${2:-$ROOT/benchmarks/results/loss_comparison.json}"
+RESULT="${2:-$ROOT/out/loss_comparison.json}"
 LOSSES=(mdm position-avg streak streak-soft)
 TAG="from-$(basename "$START")"
 START_DIR="$(compare_start_dir "$START")"

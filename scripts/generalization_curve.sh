@@ -9,7 +9,7 @@
 #
 #   bash scripts/generalization_curve.sh [RESULT_DIR] [STEP ...]
 #
-# RESULT_DIR (default benchmarks/results) gets generalization_curve_{chat,humaneval}.json; STEPs
+# RESULT_DIR (default out/) gets generalization_curve_{chat,humaneval}.json; STEPs
 # (default: every 100th of stage 2, plus the latest) are checkpoints of stage 2
 # (runs/compare-from-step-0000850-streak); stage 1's end (its step 850) is always included.
 # SPECDIFF_CURVE_RUN=continued scores `train_default_drafter.sh continue`'s run instead (STEPs
@@ -27,7 +27,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"
 CACHE="${SPECDIFF_CACHE_DIR:-$HOME/.cache/vllm-specdiff}"
-OUT="${1:-$ROOT/benchmarks/results}"
+OUT="${1:-$ROOT/out}"
 shift || true
 V="$("$BIN/vllm-specdiff" models | sed -n 's/^verifier: //p')"
 case "${SPECDIFF_CURVE_RUN:-stage2}" in

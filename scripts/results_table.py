@@ -2,11 +2,11 @@
 
 A result is a suite run (`vllm-specdiff bench --json`, with "cells"), a plain-vs-SpecDiff
 summary (`vllm-specdiff demo --output`) or another measurement JSON (training evaluations,
-one-off timings); each records its date, machine and command. The page lists the runs newest
-first; a run is superseded, and left out, when a later run on the same CPU had the same command
-(its output paths aside; within one folder, only a repeat of the same name counts). The main
-runs of `benchmarks/suite.sh` (`suite_main_*.json`: every method x set x T) get a compact
-block: one row per cell, one column per method.
+one-off timings); each records its date, machine and command. `benchmarks/results/` holds only
+the runs the docs quote, each under a stable name that a new measurement overwrites
+(tests/test_results_tree.py), so the page lists every one, newest first. The main runs of
+`benchmarks/suite.sh` (`suite_main_*.json`: every method x set x T) get a compact block: one
+row per cell, one column per method.
 
     python scripts/results_table.py             # print the page
     python scripts/results_table.py --write     # write docs/results.md and README's headline
@@ -35,19 +35,18 @@ MAIN_SUITE = "suite_main_"  # stems of the main runs, summarised in the compact 
 # The README's headline: the latest runs of the default at batch 1 and 16. An entry is a results
 # file, optionally with `#METHOD`: the cell that is the default in that run (a run made before
 # the default drafter changed names the new default by its options); plain `specdiff2` otherwise.
-# conditioned-stage10 benchmarked stage 10's step 3,000 from its export in the cache, the same
-# bytes as the drafter shipped since (its NOTE.md).
-CONDITIONED = "specdiff2:drafter=/root/.cache/vllm-specdiff/drafters/stage10-3000"
-HEADLINE = (f"2026-12-07/conditioned-stage10/b1_humaneval_steady.json#{CONDITIONED}",
-            f"2026-12-07/conditioned-stage10/b1_t0.json#{CONDITIONED}",
-            f"2026-12-07/conditioned-stage10/b1_self.json#{CONDITIONED}",
-            f"2026-12-07/conditioned-stage10/b16_t0.json#{CONDITIONED}",
-            f"2026-12-07/conditioned-stage10/b16_cont.json#{CONDITIONED}")
+# These runs served stage 10's step 3,000 from its export in the cache, the same bytes as the
+# drafter shipped since (the conditioned drafter's MODEL_CARD.md).
+CONDITIONED = "specdiff2:drafter=$SPECDIFF_CACHE_DIR/drafters/stage10-3000"
+HEADLINE = (f"conditioned/b1_humaneval_steady.json#{CONDITIONED}",
+            f"conditioned/b1_t0.json#{CONDITIONED}",
+            f"conditioned/b1_self.json#{CONDITIONED}",
+            f"conditioned/b16_t0.json#{CONDITIONED}",
+            f"conditioned/b16_cont.json#{CONDITIONED}")
 HEADER = ("| run | prompts | T | gamma | K (T_d) | plain tok/s | speculative tok/s | speedup "
           "| accepted/step | drafter ms (share of verifier step) | identical | date, machine |\n"
           "|---|---|---|---|---|---|---|---|---|---|---|---|")
-# Arguments that name where a run wrote its output: two runs differing only there are the same.
-_REPEAT = re.compile(r"_(run\d+|rerun)$")  # a repeat of the run named without the suffix
+# Arguments that name where a run wrote its output, left out of the page's commands.
 _OUTPUT_ARGS = re.compile(r"\s--(json|plots|output|out|plot)[ =]\S+")
 
 
@@ -168,33 +167,14 @@ def load(results: Path = RESULTS) -> list[tuple[Path, dict[str, Any]]]:
     return runs
 
 
-def _same_run_key(data: dict[str, Any]) -> tuple[str, str]:
-    prov = provenance(data)
-    command = _OUTPUT_ARGS.sub("", " " + str(prov.get("command", ""))).strip()
-    return command, str((prov.get("machine") or {}).get("cpu", ""))
-
-
-def latest(runs: list[tuple[Path, dict[str, Any]]]) -> list[tuple[Path, dict[str, Any]]]:
-    """The runs no later run on the same CPU repeated with the same command (`runs` newest
-    first). In one folder only a repeat of the same name (`X_run2` for `X`) replaces a run:
-    other names there are the arms of an A/B of code changes, which the command does not show."""
-    newer: dict[tuple[str, str], list[tuple[Path, str]]] = {}
-    kept = []
-    for path, data in runs:
-        key = _same_run_key(data)
-        if key[0]:
-            series = _REPEAT.sub("", path.stem)
-            if any(folder != path.parent or name == series
-                   for folder, name in newer.get(key, [])):
-                continue
-            newer.setdefault(key, []).append((path.parent, series))
-        kept.append((path, data))
-    return kept
+def _command(data: dict[str, Any]) -> str:
+    """The run's command without its output paths."""
+    return _OUTPUT_ARGS.sub("", " " + str(provenance(data).get("command", ""))).strip()
 
 
 def page(results: Path = RESULTS) -> str:
-    """docs/results.md: the latest runs, newest first."""
-    runs = latest(load(results))
+    """docs/results.md: every committed run, newest first."""
+    runs = load(results)
     rows = []
     for path, s in runs:
         if "cells" in s and not path.stem.startswith(MAIN_SUITE):
@@ -208,9 +188,10 @@ def page(results: Path = RESULTS) -> str:
         "",
         "<!-- generated by scripts/results_table.py --write: do not edit by hand -->",
         "",
-        "Every committed run under `benchmarks/results/`, newest first (a run repeated later",
-        "with the same command on the same CPU is left out, the arms of an A/B in one folder",
-        "are not). Each JSON records the date, the machine, the versions and the command that",
+        "Every committed run under `benchmarks/results/`, newest first: the runs the README,",
+        "the docs and the model cards quote, each under a stable name that a new measurement",
+        "overwrites (runs no doc quotes any more, and the training stages' run logs, are in git",
+        "history). Each JSON records the date, the machine, the versions and the command that",
         "wrote it. Speedups are against plain decoding in the same run; `specdiff2` is the",
         "plugin's default (K = 1, adaptive drafting, prompt lookup where the context repeats),",
         "`adaptive=false` drafts gamma every step; \"identical\" is greedy output against plain",
@@ -218,23 +199,26 @@ def page(results: Path = RESULTS) -> str:
         "",
         "## Suite and demo runs",
         "",
-        HEADER, *rows, "",
-        "## Main suite runs",
-        "",
-        "`benchmarks/suite.sh`'s main part, one row per cell and one column per method: speedup",
-        "against plain decoding in the same run, with accepted draft tokens per step in brackets",
-        "(`NOT IDENTICAL` would mark a greedy output that differs from plain).",
-        "",
+        HEADER, *rows,
     ]
+    if main:  # a section only where a main suite run is committed
+        text += [
+            "", "## Main suite runs", "",
+            "`benchmarks/suite.sh`'s main part, one row per cell and one column per method: "
+            "speedup",
+            "against plain decoding in the same run, with accepted draft tokens per step in "
+            "brackets",
+            "(`NOT IDENTICAL` would mark a greedy output that differs from plain).", "",
+        ]
     for i, (path, s) in enumerate(main):
         text += ([""] if i else []) + suite_summary(path, s)
     text += ["", "## Other measurements", "",
-             "Training evaluations and one-off timings. A command naming a",
-             "`vllm_specdiff_benchmarks` module that no longer exists ran an experiment script",
-             "removed once its question was settled; git history keeps it.", "",
+             "Training evaluations and one-off timings. A command naming a script or a",
+             "`vllm_specdiff_benchmarks` module that no longer exists ran an experiment removed",
+             "once its question was settled; git history keeps it.", "",
              "| file | date, machine | command (output paths left out) |", "|---|---|---|"]
     for path, s in other:
-        command = _same_run_key(s)[0].replace("|", "\\|")
+        command = _command(s).replace("|", "\\|")
         text.append(f"| [{path.relative_to(results).as_posix()}]"
                     f"({_link(path, _root_of(path))}) | {_where(s)} | `{command}` |")
     return "\n".join(text) + "\n"

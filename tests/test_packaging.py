@@ -15,6 +15,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 FOREIGN = ("triton_kernels", "training", "benchmarks")
 INSTALLED = {"vllm_specdiff": "vllm_specdiff", "vllm_specdiff_kernels": "triton_kernels",
@@ -38,6 +40,7 @@ def test_installed_names_are_the_projects_own():
         assert origins[name] == str(ROOT / folder / "__init__.py")
 
 
+@pytest.mark.vllm
 def test_vllm_starts_without_a_triton_kernels_import_error():
     # vLLM's MoE config imports `triton_kernels.matmul` at start-up when a package of that name
     # is importable, and logs "Failed to import Triton kernels" when it is not Triton's.

@@ -43,26 +43,9 @@ def write_tokenizer(path: Path, words: int = WORDS) -> int:
 
 def write_tiny_verifier(path: Path, seed: int = 0, words: int = WORDS, peak: float = 4.0) -> Path:
     """peak scales the output layer: lower values give flatter next-token distributions."""
-    import torch
-    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
-
-    path.mkdir(parents=True, exist_ok=True)
-    vocab = write_tokenizer(path, words)
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
-                         num_hidden_layers=LAYERS, num_attention_heads=HEADS,
-                         num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM,
-                         max_position_embeddings=512, tie_word_embeddings=False,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.2)
-        model.lm_head.weight.mul_(peak)
-    model.save_pretrained(str(path), safe_serialization=True)
-    GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(str(path))
-    return path
+    return write_family_verifier(path, "llama", hidden=HIDDEN, layers=LAYERS, heads=HEADS,
+                                 kv_heads=KV_HEADS, head_dim=HEAD_DIM, seed=seed, peak=peak,
+                                 words=words)
 
 
 def write_cycle_verifier(path: Path, cycle: list[int], seed: int = 0,
@@ -128,3 +111,37 @@ def preempting_engine_kwargs(model: Path) -> dict:
     return dict(model=str(model), max_model_len=256, max_num_seqs=PREEMPTING_MAX_NUM_SEQS,
                 seed=0, kv_cache_memory_bytes=200_000, dtype="float32", enforce_eager=True,
                 disable_log_stats=False)
+
+
+def write_family_verifier(path: Path, family: str, *, hidden: int, layers: int, heads: int,
+                          kv_heads: int, head_dim: int, seed: int = 0,
+                          peak: float = 4.0, words: int = WORDS) -> Path:
+    """A tiny random verifier of another family or shape ("llama" or "qwen3", with q/k norms),
+    with the word tokenizer; Qwen3's head_dim need not be hidden // heads."""
+    import torch
+    from transformers import (
+        GenerationConfig,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    path.mkdir(parents=True, exist_ok=True)
+    vocab = write_tokenizer(path, words)
+    torch.manual_seed(seed)
+    sizes = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                 num_hidden_layers=layers, num_attention_heads=heads,
+                 num_key_value_heads=kv_heads, head_dim=head_dim, max_position_embeddings=512,
+                 tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen3": (Qwen3Config, Qwen3ForCausalLM)}
+    config_cls, model_cls = classes[family]
+    model = model_cls(config_cls(**sizes)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.2)
+        model.lm_head.weight.mul_(peak)
+    model.save_pretrained(str(path), safe_serialization=True)
+    GenerationConfig(bos_token_id=1, eos_token_id=2, pad_token_id=2).save_pretrained(str(path))
+    return path

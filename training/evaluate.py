@@ -32,7 +32,7 @@ from vllm_specdiff.core.sampling import draft_marginals, sample_drafts, target_p
 from vllm_specdiff.core.scoring import expected_streak
 from vllm_specdiff.drafter.checkpoint import read_config
 from vllm_specdiff.drafter.conditioned import MODEL_TYPE as CONDITIONED_TYPE
-from vllm_specdiff.provenance import provenance
+from vllm_specdiff.provenance import portable, provenance
 
 from .data import (
     SequenceData,
@@ -79,6 +79,7 @@ class EvalConfig:
     plot: bool = True
     verifier_pass: bool = True  # False: score against the data's tokens only (no verifier run)
     replay: bool = False  # also replay every sequence in serving order (training/replay.py)
+    tree_budgets: list[int] = field(default_factory=list)  # with replay: best-first trees too
 
     def validate(self) -> None:
         if not self.candidates:
@@ -87,6 +88,8 @@ class EvalConfig:
             raise ValueError("--gamma, --num-drafts and --max-windows must be >= 1")
         if self.drafter_temperature < 0 or self.verifier_temperature < 0:
             raise ValueError("temperatures must be >= 0")
+        if any(b < 1 for b in self.tree_budgets) or (self.tree_budgets and not self.replay):
+            raise ValueError("--tree-budgets takes node budgets >= 1, with --replay")
         if self.split not in ("heldout", "all"):
             raise ValueError(f"--split must be heldout or all, got {self.split!r}")
 
@@ -208,7 +211,8 @@ class Evaluator:
                 on_verifier.add(self, cand.name, drafter.to_verifier_vocab(raw), inputs, starts)
         verifier_result = on_verifier.result() if on_verifier is not None else \
             dict.fromkeys(VERIFIER_KEYS)
-        replayed = replay_greedy(drafter, self.data, cfg.gamma) if cfg.replay else {}
+        replayed = replay_greedy(drafter, self.data, cfg.gamma, tuple(cfg.tree_budgets)) \
+            if cfg.replay else {}
         return {"drafter": cand.drafter, "lora": cand.lora, "windows": on_data.windows,
                 **verifier_result, **on_data.result(), **replayed}
 
@@ -415,6 +419,7 @@ def run_eval(cfg: EvalConfig) -> dict[str, Any]:
     path.parent.mkdir(parents=True, exist_ok=True)
     if cfg.plot:
         out["plot"] = str(plot_curves(results, cfg.gamma, path.with_suffix(".png")))
+    out = portable(out)  # no folder of this machine in a result that may be committed
     path.write_text(json.dumps(out, indent=2) + "\n")
     for cand in candidates:
         if cand.lora:  # the adapter directory carries its own eval results

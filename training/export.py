@@ -23,9 +23,10 @@ from vllm_specdiff.drafter.slim import slim_checkpoint
 from vllm_specdiff.drafter.vocab import D2T_FILE, copy_tokenizer_files, save_d2t
 
 from .data import load_sequences, split_heldout
+from .data_vocab import build_data_vocab
 from .export_dflash import export_dflash
 from .model import drafter_from_checkpoint, merge_lora_layers, save_full
-from .trainer import LOG_FILE, build_data_vocab, latest_checkpoint
+from .trainer import LOG_FILE, latest_checkpoint
 
 CURVE_FILE = "learning_curve.json"
 

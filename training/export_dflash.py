@@ -11,6 +11,9 @@ The conditioned drafter (vllm_specdiff/drafter/conditioned.py) computes what vLL
 - `mask_embedding.pt`: the learned mask embedding, which vLLM substitutes for the embedding of
   `mask_token_id` (SmolLM2's vocabulary has no spare row, so a special token the verifier never
   writes in chat stands in for it).
+The taps are written unchanged: DFlash's `target_layer_ids` and the conditioned drafter's share a
+convention (tap L = output of layer L). `load_drafter` reads the export back
+(`vllm_specdiff/drafter/dflash_format.py`) as the same drafter.
 """
 
 from __future__ import annotations
@@ -22,10 +25,8 @@ import torch
 from safetensors.torch import save_file
 
 from vllm_specdiff.drafter.conditioned import ConditionedDrafter
+from vllm_specdiff.drafter.dflash_format import ARCHITECTURE, MASK_EMBEDDING_FILE
 from vllm_specdiff.drafter.vocab import copy_tokenizer_files
-
-ARCHITECTURE = "DFlashDraftModel"
-MASK_EMBEDDING_FILE = "mask_embedding.pt"
 
 
 def mask_stand_in(verifier: str | Path) -> int:
@@ -49,6 +50,7 @@ def dflash_config(drafter: ConditionedDrafter, mask_token_id: int) -> dict:
         "architectures": [ARCHITECTURE], "model_type": "qwen3",
         "hidden_size": cfg.hidden_size, "intermediate_size": cfg.intermediate_size,
         "num_hidden_layers": cfg.num_hidden_layers,
+        "num_target_layers": cfg.verifier_num_layers,
         "num_attention_heads": cfg.num_attention_heads,
         "num_key_value_heads": cfg.num_key_value_heads, "head_dim": cfg.head_dim,
         "hidden_act": "silu", "attention_bias": False, "rms_norm_eps": cfg.rms_norm_eps,
@@ -64,11 +66,13 @@ def dflash_config(drafter: ConditionedDrafter, mask_token_id: int) -> dict:
     return config
 
 
-def export_dflash(drafter: ConditionedDrafter, verifier: str | Path, out: str | Path) -> dict:
-    """Write the vLLM `dflash` checkpoint of a conditioned drafter into `out`."""
+def export_dflash(drafter: ConditionedDrafter, verifier: str | Path, out: str | Path,
+                  mask_token_id: int | None = None) -> dict:
+    """Write the vLLM `dflash` checkpoint of a conditioned drafter into `out` (the mask's
+    stand-in token: `mask_token_id`, else `mask_stand_in`'s choice)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    mask_id = mask_stand_in(verifier)
+    mask_id = mask_stand_in(verifier) if mask_token_id is None else int(mask_token_id)
     tensors = {k: v.float() for k, v in drafter.trained_state().items() if k != "mask_embedding"}
     d2t = drafter.draft_to_verifier
     if d2t is not None:

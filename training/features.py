@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 import torch
@@ -49,7 +50,9 @@ class TapModel:
                  ) -> None:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(verifier_dir), dtype=torch.float32)
+        # bf16 on GPUs (the features are stored in float16 either way), float32 on the CPU
+        dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(str(verifier_dir), dtype=dtype)
         decoder = model.model
         n = len(decoder.layers)
         if max(taps) >= n:
@@ -117,13 +120,35 @@ def ensure_features(shards: list[Path], verifier_dir: str | Path, taps: tuple[in
     paths = [features_dir(s.parent, taps) / s.name for s in real]
     todo = [(s, p) for s, p in zip(real, paths, strict=True)
             if not p.is_file() and not slice_stored_features(s, taps, p)]
-    if todo:
-        log.info("computing verifier features (taps %s) for %d shards", taps, len(todo))
+    rank, world = launched_rank()
+    mine = todo[rank::world]  # under torchrun each process builds every world-th missing shard
+    if mine:
+        log.info("computing verifier features (taps %s) for %d shards", taps, len(mine))
         tap = TapModel(verifier_dir, taps, device)
-        for shard, out in tqdm(todo, desc="verifier features", unit="shard"):
+        for shard, out in tqdm(mine, desc="verifier features", unit="shard",
+                               disable=rank != 0):
             out.parent.mkdir(exist_ok=True)
             build_shard_features(tap, shard, out)
+    if world > 1:
+        wait_for_files([p for _, p in todo])
     return paths
+
+
+def launched_rank() -> tuple[int, int]:
+    """(rank, world size) of a process that torchrun started; (0, 1) otherwise."""
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def wait_for_files(paths: list[Path], timeout_s: float = 24 * 3600.0) -> None:
+    """Until the other ranks have written their shards (files appear atomically): no process
+    group is needed, so `build_features` runs under torchrun as it does alone."""
+    deadline = time.monotonic() + timeout_s
+    while not all(p.is_file() for p in paths):
+        if time.monotonic() > deadline:
+            missing = [str(p) for p in paths if not p.is_file()]
+            raise TimeoutError(f"feature shards never appeared (another rank failed?): "
+                               f"{missing[:3]}")
+        time.sleep(1.0)
 
 
 def build_features(data: str | Path, verifier_dir: str | Path, taps: tuple[int, ...],

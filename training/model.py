@@ -24,6 +24,21 @@ DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."
 DATA_VOCAB_FILE = "d2t.safetensors"  # train --draft-vocab-size: the table built from the data
+# block-causal: token ids only; conditioned: DFlash-style KV injection of the verifier's features
+# (new layers on --init-from VERIFIER, or a trained conditioned drafter given by --drafter).
+ARCHS = ("block-causal", "conditioned")
+
+
+def check_arch(arch: str) -> None:
+    """Refuse an architecture `train` does not build, for a new run, a resumed one or a saved
+    checkpoint alike (`injected`, removed, by name)."""
+    if arch == "injected":
+        raise ValueError("--arch injected (a block-causal drafter plus verifier-feature "
+                         "injection) was removed: it lost the design comparison to --arch "
+                         "conditioned, and its runs and checkpoints can no longer be trained, "
+                         "resumed or loaded")
+    if arch not in ARCHS:
+        raise ValueError(f"--arch must be {' or '.join(ARCHS)}, got {arch!r}")
 
 
 def build_drafter(drafter: str | None, init_from: str | None, num_layers: int,
@@ -87,9 +102,8 @@ def conditioned_taps(verifier: str, num_taps: int) -> tuple[int, ...]:
 
 def feature_source(cfg: dict) -> str | None:
     """The verifier whose hidden states a `train` config's drafter reads (None: token ids
-    only): --init-from for a conditioned drafter, --verifier for an injected one."""
-    arch = cfg.get("arch", "block-causal")
-    return {"conditioned": cfg.get("init_from"), "injected": cfg.get("verifier")}.get(arch)
+    only): --init-from for a conditioned drafter."""
+    return cfg.get("init_from") if cfg.get("arch") == "conditioned" else None
 
 
 def config_taps(cfg: dict) -> tuple[int, ...]:
@@ -127,6 +141,7 @@ def build_for_arch(cfg: dict, draft_vocab: str | None) -> nn.Module:
     """The drafter a `train` config starts from: one place for `train` and for rebuilding
     checkpoints."""
     arch = cfg.get("arch", "block-causal")
+    check_arch(arch)
     if arch == "conditioned" and cfg.get("drafter"):  # trained weights, e.g. a shipped drafter
         from vllm_specdiff.drafter.conditioned import ConditionedDrafter
 
@@ -142,11 +157,8 @@ def build_for_arch(cfg: dict, draft_vocab: str | None) -> nn.Module:
     if arch == "conditioned":
         return build_conditioned(feature_source(cfg), cfg["num_layers"], config_taps(cfg),
                                  cfg["gamma"], draft_vocab, cfg["seed"])
-    drafter = build_drafter(cfg["drafter"], cfg["init_from"], cfg["num_layers"], draft_vocab,
-                            cfg["init_lora"], cfg.get("objective", "diffusion"))
-    if arch == "injected":
-        drafter.add_injection(config_taps(cfg))
-    return drafter
+    return build_drafter(cfg["drafter"], cfg["init_from"], cfg["num_layers"], draft_vocab,
+                         cfg["init_lora"], cfg.get("objective", "diffusion"))
 
 
 def add_lora(drafter: Drafter, rank: int, alpha: float, dropout: float,

@@ -15,29 +15,26 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from vllm_specdiff.core import DEFAULT_GAMMA
 from vllm_specdiff.drafter.vocab import copy_tokenizer_files
 
 from .data import (
-    SequenceData,
     check_fingerprint,
     data_dirs,
     load_sequences,
     split_heldout,
     tokenizer_fingerprint,
 )
+from .data_vocab import ensure_data_vocab
 from .features import attach_features
 from .losses import SOFT_LOSSES, Targets, expected_streak_of, get_loss, greedy_accepted_of
 from .model import (
-    DATA_VOCAB_FILE,
-    DEFAULT_LORA_TARGETS,
     WindowModel,
     add_lora,
     build_for_arch,
@@ -51,6 +48,7 @@ from .model import (
     trainable_state,
     write_json,
 )
+from .train_config import TrainConfig
 from .windows import (
     VocabMap,
     WindowBatch,
@@ -63,146 +61,10 @@ from .windows import (
 
 log = logging.getLogger(__name__)
 
-OBJECTIVES = ("diffusion", "ar")
-# block-causal: token ids only; conditioned: DFlash-style KV injection of the verifier's features
-# (a new drafter, --init-from VERIFIER); injected: an existing block-causal drafter (--drafter)
-# plus zero-initialised feature injection into its context stream (--verifier VERIFIER).
-ARCHS = ("block-causal", "conditioned", "injected")
 CKPT_DIR = "checkpoints"
 LOG_FILE = "log.jsonl"
 ADAPTER_DIR = "adapter"
 MODEL_DIR = "model"
-
-
-@dataclass
-class TrainConfig:
-    data: str
-    output: str
-    drafter: str | None = None  # an existing drafter directory
-    init_from: str | None = None  # or: a causal LM directory -> new block-causal drafter
-    num_layers: int = 4  # layers kept by --init-from
-    draft_vocab: str | None = None  # d2t table (reduced head) for --init-from
-    draft_vocab_size: int | None = None  # or: build that table from the data (N ids)
-    init_lora: str | None = None  # an adapter merged into the starting weights
-    tokenizer: str | None = None  # tokenizer the data must have been made with
-    objective: str = "diffusion"  # diffusion (the drafter's mask block) | ar (a plain causal LM)
-    arch: str = "block-causal"  # block-causal | conditioned | injected (see ARCHS)
-    num_taps: int = 3  # conditioned/injected: verifier layers tapped (spread from 1 to N-3)
-    add_layers: int = 0  # conditioned --drafter: new layers appended (zero output: same drafts)
-    add_taps: list[int] = field(default_factory=list)  # conditioned --drafter: layers read too
-    verifier: str | None = None  # injected: the verifier whose features are read
-    loss: str = "streak"
-    gamma: int = DEFAULT_GAMMA
-    drafter_temperature: float = 1.0
-    windows_per_seq: int = 8
-    batch_size: int = 4
-    grad_accum: int = 1
-    steps: int = 200
-    lr: float = 5e-4
-    weight_decay: float = 0.0
-    warmup_steps: int = 10
-    schedule: str = "cosine"  # cosine | linear | constant (after warm-up)
-    max_grad_norm: float = 1.0
-    finetune: str = "lora"  # lora | full
-    lora_rank: int = 16
-    lora_alpha: float = 32.0
-    lora_dropout: float = 0.0
-    lora_targets: list[str] = field(default_factory=lambda: list(DEFAULT_LORA_TARGETS))
-    train_params: list[str] = field(default_factory=lambda: [r"."])  # regexes, --finetune full
-    freeze_params: list[str] = field(default_factory=lambda: [r"embed_tokens"])
-    gradient_checkpointing: bool = False
-    mixed_precision: str = "auto"  # auto | no | bf16 | fp16
-    heldout_fraction: float = 0.05
-    eval_every: int = 0  # steps between held-out streak measurements (0: only at the end)
-    eval_windows: int = 256
-    save_every: int = 100
-    max_length: int | None = None
-    min_context: int = 1
-    seed: int = 0
-    resume: bool = True
-
-    def validate(self) -> None:
-        get_loss(self.loss)
-        for name in ("gamma", "windows_per_seq", "batch_size", "grad_accum", "steps"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.drafter_temperature <= 0:
-            raise ValueError("--drafter-temperature must be > 0")
-        if self.finetune not in ("lora", "full"):
-            raise ValueError(f"--finetune must be lora or full, got {self.finetune!r}")
-        if self.schedule not in ("cosine", "linear", "constant"):
-            raise ValueError(f"--schedule must be cosine, linear or constant, "
-                             f"got {self.schedule!r}")
-        if self.mixed_precision not in ("auto", "no", "bf16", "fp16"):
-            raise ValueError("--mixed-precision must be auto, no, bf16 or fp16")
-        if self.save_every < 1:
-            raise ValueError("--save-every must be >= 1")
-        self._validate_objective()
-        self._validate_arch()
-        if self.draft_vocab_size is not None:
-            if self.draft_vocab is not None or self.init_from is None:
-                raise ValueError("--draft-vocab-size builds the reduced head for --init-from; "
-                                 "do not combine it with --draft-vocab or --drafter")
-            if self.draft_vocab_size < 1:
-                raise ValueError("--draft-vocab-size must be >= 1")
-
-    def _validate_arch(self) -> None:
-        if self.arch not in ARCHS:
-            raise ValueError(f"--arch must be {' or '.join(ARCHS)}, got {self.arch!r}")
-        if self.add_layers < 0:
-            raise ValueError("--add-layers must be >= 0")
-        if self.add_layers and (self.arch != "conditioned" or self.drafter is None):
-            raise ValueError("--add-layers deepens a trained conditioned drafter: use it with "
-                             "--arch conditioned --drafter DIR")
-        try:
-            self.add_taps = [int(t) for t in self.add_taps]  # the command line gives strings
-        except ValueError:
-            raise ValueError(f"--add-taps takes verifier layer numbers (e.g. 8,20), got "
-                             f"{','.join(map(str, self.add_taps))}") from None
-        if self.add_taps and (self.arch != "conditioned" or self.drafter is None):
-            raise ValueError("--add-taps widens a trained conditioned drafter: use it with "
-                             "--arch conditioned --drafter DIR")
-        if self.arch == "block-causal":
-            return
-        if self.num_taps < 1:
-            raise ValueError("--num-taps must be >= 1")
-        if self.arch == "injected":
-            if self.drafter is None or self.verifier is None:
-                raise ValueError("--arch injected adds verifier features to the block-causal "
-                                 "drafter given by --drafter; name the verifier with --verifier")
-            return
-        if self.init_from is None:
-            raise ValueError("--arch conditioned reads the verifier given by --init-from (its "
-                             "embedding, head and features); --drafter DIR starts from a "
-                             "trained conditioned drafter instead of new layers")
-        if self.drafter is not None and (self.draft_vocab or self.draft_vocab_size):
-            raise ValueError("--arch conditioned --drafter keeps that drafter's head: drop "
-                             "--draft-vocab / --draft-vocab-size")
-        if self.objective != "diffusion" or self.init_lora:
-            raise ValueError("--arch conditioned trains with --objective diffusion and no "
-                             "--init-lora")
-        if self.finetune != "full" and self.drafter is None:
-            # LoRA on new, random, frozen layers would train next to nothing
-            raise ValueError("--arch conditioned trains new layers with --finetune full; "
-                             "--finetune lora adapts a trained conditioned drafter given by "
-                             "--drafter DIR")
-
-    def _validate_objective(self) -> None:
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"--objective must be {' or '.join(OBJECTIVES)}, "
-                             f"got {self.objective!r}")
-        if self.objective != "ar":
-            return
-        if self.finetune != "full":
-            raise ValueError("--objective ar trains with --finetune full (vLLM's draft_model "
-                             "loads merged weights)")
-        unsupported = [flag for flag, value in (("--draft-vocab", self.draft_vocab),
-                                                ("--draft-vocab-size", self.draft_vocab_size),
-                                                ("--init-lora", self.init_lora))
-                       if value is not None]
-        if unsupported:
-            raise ValueError(f"--objective ar does not support {', '.join(unsupported)} "
-                             f"(vLLM's draft_model needs the verifier's full vocabulary)")
 
 
 def resolve_mixed_precision(choice: str) -> str:
@@ -539,34 +401,6 @@ class Trainer:
             write_json(self.out / "train_summary.json", summary)
         acc.wait_for_everyone()
         return summary
-
-
-def build_data_vocab(data: SequenceData, size: int, tokenizer_dir: str) -> torch.Tensor:
-    """A reduced head's table: the `size` verifier ids most frequent in the data's sequences
-    (replies often copy from their prompts, so prompts count too), special tokens always kept."""
-    from transformers import AutoTokenizer
-
-    from vllm_specdiff.drafter.vocab import build_d2t, count_tokens
-
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    sequences = (data.sequence(i).tolist() for i in range(len(data)))
-    counts = count_tokens(sequences, int(data.meta.get("vocab_size") or len(tokenizer)))
-    d2t = build_d2t(counts, size, always_include=tokenizer.all_special_ids)
-    covered = counts[d2t].sum().item() / max(1, counts.sum().item())
-    log.info("reduced head: %d ids cover %.2f%% of the data's tokens", size, 100 * covered)
-    return d2t
-
-
-def ensure_data_vocab(out: Path, data: SequenceData, size: int, tokenizer_dir: str) -> Path:
-    """`build_data_vocab` once per run directory, so a resumed run keeps the head rows its
-    checkpoints were trained with."""
-    from vllm_specdiff.drafter.vocab import save_d2t
-
-    path = out / DATA_VOCAB_FILE
-    if not path.is_file():
-        out.mkdir(parents=True, exist_ok=True)
-        save_d2t(path, build_data_vocab(data, size, tokenizer_dir))
-    return path
 
 
 def _truncate_log(path: Path, step: int) -> None:

@@ -46,7 +46,7 @@ DRAFTER_NAME = f"{VERIFIER_NAME}-blockcausal-L{DEFAULT_DRAFTER_LAYERS}"
 # "conditioned" makes CONDITIONED_DRAFTER the default everywhere (proposer, worker choice,
 # `vllm-specdiff models`); "standalone" is SHIPPED_DRAFTER, assembled into the cache. The
 # conditioned drafter is the default since it beat the standalone one with the defaults at batch
-# 1 (benchmarks/results/2026-12-06/conditioned/b1_t0.json) and tied it at batch 16 (b16_t0.json).
+# 1 and tied it at batch 16 (2026-12-06; today's figures: benchmarks/results/conditioned/).
 DEFAULT_DRAFTER_KIND: Literal["standalone", "conditioned"] = "conditioned"
 
 

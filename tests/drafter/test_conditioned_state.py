@@ -46,7 +46,7 @@ def _feed(cache, req_id: str, feats: torch.Tensor, lo: int, hi: int) -> None:
 @torch.no_grad()
 def test_appends_over_many_steps_equal_projecting_the_whole_context(drafter):
     ids, feats = _seq(0, 70)
-    cache = ConditionedContextCache(drafter)
+    cache = ConditionedContextCache(drafter, max_backlog=0)  # projected every step
     cache.extend("r", feats[:6], 0)  # a prefill chunk, then single decode steps
     buffers = set()
     for p in range(6, 69):
@@ -147,15 +147,17 @@ def test_no_reuse_when_a_prefix_token_differs_or_the_donor_is_short(drafter):
     assert not torch.allclose(got, want, atol=1e-3)
 
 
+@pytest.mark.parametrize("max_backlog", [0, 64])
 @torch.no_grad()
-def test_positions_jumping_back_keep_the_requests_own_context(drafter):
+def test_positions_jumping_back_keep_the_requests_own_context(drafter, max_backlog):
     """Preemption with recomputation from a prefix-cache hit: the request's own K/V up to the
-    new first position stay (same tokens), no restart."""
+    new first position stay (same tokens), no restart; whether they were projected (cut back
+    in the K/V) or still deferred (cut back in the backlog)."""
     ids, feats = _seq(30, 40)
-    cache = ConditionedContextCache(drafter)
+    cache = ConditionedContextCache(drafter, max_backlog=max_backlog)
     cache.extend("r", feats[:20], 0)
     cache.extend("r", feats[8:25], 8)
-    assert (cache.entries["r"].start, cache.entries["r"].end) == (0, 25)
+    assert (cache.entries["r"].start, cache.entries["r"].fed_end) == (0, 25)
     got = cache.block_logits(["r"], ids[25:26], [25], [ids[:26]])[0]
     torch.testing.assert_close(got, _teacher_forced(drafter, ids[:26], feats[:26]),
                                rtol=0, atol=1e-5)
@@ -221,7 +223,7 @@ def test_a_batch_of_updates_projected_together_equals_each_request_fed_alone(dra
     """extend_many projects every request's new positions in one call (each with its own RoPE
     position); each request's K/V must be what feeding it alone gives."""
     seqs = {f"r{i}": _seq(40 + i, n) for i, n in enumerate((9, 23, 4))}
-    alone, together = ConditionedContextCache(drafter), ConditionedContextCache(drafter)
+    alone, together = (ConditionedContextCache(drafter, max_backlog=0) for _ in range(2))
     for cut in ((0, 3), (3, 4), (4, 8)):  # a prefill chunk, then steps of 1 and 4 positions
         updates = [(r, feats[cut[0]:cut[1]], cut[0]) for r, (_, feats) in seqs.items()]
         for update in updates:
@@ -232,7 +234,81 @@ def test_a_batch_of_updates_projected_together_equals_each_request_fed_alone(dra
         assert (a.start, a.end) == (b.start, b.end) == (0, 8 if len(seqs[r][0]) >= 8 else 4)
         torch.testing.assert_close(b.filled(), a.filled(), atol=1e-5, rtol=1e-5)
     # negative control: the rows' positions matter (RoPE), so one shifted position shows
-    shifted = ConditionedContextCache(drafter)
+    shifted = ConditionedContextCache(drafter, max_backlog=0)
     shifted.extend_many([("r0", seqs["r0"][1][:3], 1)])
     assert not torch.allclose(shifted.entries["r0"].filled(),
                               alone.entries["r0"].filled()[:, :, :, :3], atol=1e-3)
+
+
+# ---- deferred projection: a request not drafted on a step keeps that step's features raw ----
+PROMPTS = {"a": 6, "b": 9, "c": 12}  # prompt lengths
+DRAFTS_AT = {"a": {0, 5, 9}, "b": {3, 9}, "c": {9}}  # the steps each request drafts at
+
+
+def _decode_steps(cache, seqs, zero_backlog_of: str | None = None) -> list[torch.Tensor]:
+    """Ten serving steps: step s feeds each request the positions committed since its last step
+    (its prompt first, then one a step) and drafts the requests due (`DRAFTS_AT`), together.
+    Returns each step's block logits. `zero_backlog_of`: before the last step, that request's
+    deferred features are zeroed (the negative control)."""
+    out = []
+    for step in range(10):
+        first = {r: 0 if step == 0 else p + step - 1 for r, p in PROMPTS.items()}
+        cache.extend_many([(r, seqs[r][1][first[r]:p + step], first[r])
+                           for r, p in PROMPTS.items()])
+        if step == 9 and zero_backlog_of is not None:
+            entry = cache.entries[zero_backlog_of]
+            entry.backlog = [torch.zeros_like(piece) for piece in entry.backlog]
+        due = [r for r in PROMPTS if step in DRAFTS_AT[r]]
+        if due:  # r's committed tokens: prompt + step + 1; the anchor is the last
+            ids = [seqs[r][0][:PROMPTS[r] + step + 1] for r in due]
+            out.append(cache.block_logits(due, torch.stack([t[-1] for t in ids]),
+                                          [t.shape[0] - 1 for t in ids], ids))
+    return out
+
+
+@torch.no_grad()
+def test_a_context_deferred_over_steps_without_drafts_drafts_as_projected_every_step(drafter):
+    """A request drafted only now and then keeps its new positions raw in between and projects
+    them all in the drafting step's one call: its drafts are the same as with every step
+    projected (float tolerance: one matrix product over other rows; argmax identical), and
+    the same as the whole context projected at once. A backlog reaching `max_backlog` rows is
+    projected at once (bounded memory). Negative control: zeroing the deferred rows of a request
+    changes its draft, so the deferred rows are what the draft reads."""
+    seqs = {r: _seq(60 + i, p + 10) for i, (r, p) in enumerate(PROMPTS.items())}
+    eager = ConditionedContextCache(drafter, max_backlog=0)
+    deferred, capped = ConditionedContextCache(drafter), ConditionedContextCache(drafter,
+                                                                                 max_backlog=4)
+    want = _decode_steps(eager, seqs)
+    got = _decode_steps(deferred, seqs)
+    assert eager.projections == 10 and deferred.projections == 4  # steps with drafts
+    for step_want, step_got, step_capped in zip(want, got, _decode_steps(capped, seqs),
+                                                strict=True):
+        torch.testing.assert_close(step_got, step_want, rtol=0, atol=1e-5)
+        torch.testing.assert_close(step_capped, step_want, rtol=0, atol=1e-5)
+        assert torch.equal(step_got.argmax(-1), step_want.argmax(-1))
+    # "c" drafted only at the last step: its 12-token prompt and 9 steps, projected once
+    torch.testing.assert_close(got[-1][2], _teacher_forced(drafter, seqs["c"][0][:22],
+                                                           seqs["c"][1][:22]), rtol=0, atol=1e-5)
+    assert max(e.backlog_rows for e in capped.entries.values()) < 4
+    assert capped.projected_rows == deferred.projected_rows == eager.projected_rows
+    assert eager.restarts == deferred.restarts == capped.restarts == 0
+    broken = _decode_steps(ConditionedContextCache(drafter), seqs, zero_backlog_of="b")[-1]
+    assert torch.equal(broken[0], got[-1][0])  # "a" and "c" untouched
+    assert not torch.equal(broken[1].argmax(-1), got[-1][1].argmax(-1))
+
+
+@torch.no_grad()
+def test_a_donor_lends_a_prefix_still_in_its_backlog(drafter):
+    """A running request's last fed position may still be raw when another request needs it as
+    prefix: the donor projects it first, and the borrower drafts as if fed from position 0."""
+    ids, feats = _seq(70, 20)
+    cache = ConditionedContextCache(drafter)
+    cache.extend("a", feats[:10], 0)
+    cache.block_logits(["a"], ids[10:11], [10], [ids[:11]])  # records a's tokens 0..10
+    cache.extend("a", feats[10:11], 10)  # deferred
+    assert cache.entries["a"].backlog_rows == 1
+    cache.extend("b", feats[11:13], 11)  # b's first 11 positions were prefix-cached
+    got = cache.block_logits(["b"], ids[13:14], [13], [ids[:14]])[0]
+    assert (cache.prefix_hits, cache.restarts) == (1, 0)
+    torch.testing.assert_close(got, _teacher_forced(drafter, ids[:14], feats[:14]),
+                               rtol=0, atol=1e-5)

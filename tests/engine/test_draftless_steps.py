@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.tiny_models import speculative_args, word_prompt
+from tests.tiny_models import CONDITIONED_GAMMA, speculative_args, word_prompt
 from vllm_specdiff.plugin.patches.draftless_fix import (
     fix_draftless_steps,
     restore_vllm_sample,
@@ -186,3 +186,64 @@ def test_the_tree_runner_passes_draftless_steps_to_the_fix(tiny_verifier, tiny_d
     outputs = _generate(tree)
     assert all(len(o.token_ids) == TOKENS for o in outputs)
     assert 0 < counted["rejection"] < counted["spec_steps"]
+
+
+def _set_max_backlog(worker: Any, rows: int) -> bool:  # runs inside the vLLM worker
+    _drafter(worker).contexts.max_backlog = rows
+    return True
+
+
+def test_a_conditioned_drafter_catching_up_after_skipped_drafts_drafts_the_same(
+        cycle_verifier, conditioned_run, monkeypatch):
+    """The adaptive controller drafts nothing on most steps (and one row on a probe step): the
+    conditioned drafter files those steps' states unprojected and projects them when it next
+    drafts. Greedy output is plain decoding's, and every accepted count equals that of the same
+    engine projecting every step (max_backlog 0), so the drafts were the same; the deferred run
+    projected fewer positions (requests that finished between drafts never project their last
+    ones)."""
+    from vllm import LLM, SamplingParams
+
+    from tests.engine.test_adaptive_engine import _cycling_plans
+    from vllm_specdiff.adaptive import AdaptiveDrafting, Plan
+    from vllm_specdiff.drafter.conditioned_state import DEFAULT_MAX_BACKLOG
+    from vllm_specdiff.plugin.engine import (
+        reset_specdiff_stats,
+        specdiff_engine_args,
+        specdiff_stats,
+    )
+
+    gamma = CONDITIONED_GAMMA
+    common = dict(model=str(cycle_verifier), dtype="float32", max_model_len=128, seed=0,
+                  kv_cache_memory_bytes=2_000_000, enforce_eager=True,
+                  enable_prefix_caching=False)  # both runs feed every request from position 0
+    prompts = [{"prompt_token_ids": [5 + (7 * i + 3 * j) % 300 for j in range(6 + 5 * i)]}
+               for i in range(4)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+
+    def generate(llm: Any) -> list[list[int]]:
+        return [list(o.outputs[0].token_ids)
+                for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    want = generate(LLM(**common))
+    spec = LLM(**common, **specdiff_engine_args(
+        gamma, drafter=str(conditioned_run[1]), quantize="none", log_interval=0,
+        candidates=["argmax", "sample"]))
+    pattern = [Plan(0), Plan(0), Plan(0), Plan(gamma),
+               Plan(0, probe_rows=1, probe_gamma=gamma), Plan(0), Plan(2)]
+    runs, projected = {}, {}
+    for rows in (DEFAULT_MAX_BACKLOG, 0):
+        assert spec.collective_rpc(_set_max_backlog, args=(rows,)) == [True]
+        monkeypatch.setattr(AdaptiveDrafting, "plan", _cycling_plans(pattern))
+        reset_specdiff_stats(spec)
+        before = specdiff_stats(spec)["proposer"]["context_projected_rows"]
+        assert generate(spec) == want
+        runs[rows] = specdiff_stats(spec)["proposer"]
+        projected[rows] = runs[rows]["context_projected_rows"] - before
+    deferred, eager = runs[DEFAULT_MAX_BACKLOG], runs[0]
+    assert deferred["verify_steps"] > 10 and deferred["mean_accepted_length"] > 0
+    for key in ("accepted_length_histogram", "per_position_acceptance", "verify_steps",
+                "drafted_tokens", "idle_steps"):
+        assert deferred[key] == eager[key], key
+    assert deferred["idle_steps"] > 0
+    assert 0 < projected[DEFAULT_MAX_BACKLOG] < projected[0]
+    assert eager["context_restarts"] == 0

@@ -1,11 +1,10 @@
-"""Training verifier-conditioned drafters: both designs, their losses, resume and checkpoints."""
+"""Training verifier-conditioned drafters: their losses, resume and checkpoints."""
 
 import json
 
 import pytest
 import torch
 
-from vllm_specdiff.drafter.block_causal import BlockCausalDrafter
 from vllm_specdiff_training.model import drafter_from_checkpoint
 from vllm_specdiff_training.trainer import TrainConfig, Trainer, latest_checkpoint
 
@@ -239,48 +238,18 @@ def test_conditioned_arch_refuses_an_existing_drafter_or_a_missing_verifier(tmp_
                                                                             verifier3):
     with pytest.raises(ValueError, match="--init-from"):
         _cfg(greedy_data, tmp_path, None).validate()
-    with pytest.raises(ValueError, match="--verifier"):
-        _cfg(greedy_data, tmp_path, None, arch="injected", drafter=str(tmp_path)).validate()
     with pytest.raises(ValueError, match="--arch"):
         _cfg(greedy_data, tmp_path, verifier3, arch="dflash").validate()
 
 
-def _standalone(verifier):
-    return BlockCausalDrafter.from_causal_lm(verifier, 2, cache_size=0).eval()
-
-
-@torch.no_grad()
-def test_injection_starts_as_the_standalone_drafter_and_never_reads_ahead(verifier3):
-    drafter = _standalone(verifier3)
-    ids = torch.randint(3, 60, (1, 16), generator=torch.Generator().manual_seed(1))
-    feats = torch.randn(1, 16, 64)
-    starts = torch.tensor([[6, 11]])
-    plain = drafter.window_logits(ids, starts, GAMMA)
-    drafter.add_injection((0, 1))
-    torch.testing.assert_close(drafter.window_logits(ids, starts, GAMMA, feats), plain)
-    for proj in drafter.injection.inject:
-        proj.weight.normal_(0, 0.5)
-    s = 11
-    base = drafter.window_logits(ids, torch.tensor([[s]]), GAMMA, feats)
-    ahead = feats.clone()
-    ahead[:, s - 1:] += 3.0  # the last context token's own state (not there when serving)
-    assert torch.equal(base, drafter.window_logits(ids, torch.tensor([[s]]), GAMMA, ahead))
-    seen = feats.clone()
-    seen[:, s - 2] += 3.0  # negative control: the state before the last token is read
-    assert not torch.allclose(base, drafter.window_logits(ids, torch.tensor([[s]]), GAMMA, seen))
-
-
-def test_injected_run_starts_from_the_standalone_streak_and_saves_its_injection(
-        tmp_path, greedy_data, verifier3):
-    start = tmp_path / "standalone"
-    _standalone(verifier3).save_pretrained(start)
-    cfg = _cfg(greedy_data, tmp_path / "inj", None, arch="injected", drafter=str(start),
-               verifier=str(verifier3), loss="streak", steps=3,
-               freeze_params=["embed_tokens", "lm_head"])
-    trainer = Trainer(cfg)
-    assert trainer.drafter.injection is not None
-    summary = trainer.run()
-    saved = BlockCausalDrafter.from_pretrained(summary["model"], cache_size=0)
-    assert saved.injection.target_layer_ids == trainer.drafter.injection.target_layer_ids
-    moved = [p.abs().sum() > 0 for p in saved.injection.inject.parameters()]
-    assert all(moved)  # the zero-initialised projections were trained
+def test_a_run_or_checkpoint_of_the_removed_injected_arch_is_refused_by_name(tmp_path):
+    removed = "--arch injected .*was removed"
+    with pytest.raises(ValueError, match=removed):  # a new or resumed run, or train_config.json
+        _cfg(tmp_path, tmp_path, None, arch="injected", drafter=str(tmp_path)).validate()
+    ckpt = tmp_path / "checkpoints" / "step-00003"  # a checkpoint an injected run saved
+    ckpt.mkdir(parents=True)
+    config = {**_cfg(tmp_path, tmp_path, None).__dict__, "arch": "injected",
+              "drafter": str(tmp_path), "verifier": str(tmp_path)}
+    (ckpt / "state.json").write_text(json.dumps({"step": 3, "config": config}))
+    with pytest.raises(ValueError, match=removed):
+        drafter_from_checkpoint(ckpt)

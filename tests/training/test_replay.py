@@ -60,3 +60,26 @@ def test_replay_refuses_data_too_short_to_draft():
     data = _data([[1, 2, 3, 4, 5]], prompt_len=3)
     with pytest.raises(ValueError, match="nothing to replay"):
         replay_greedy(Oracle(torch.tensor([1, 2, 3, 4, 5]), set()), data, GAMMA)
+
+
+class SecondChoiceOracle(Oracle):
+    """Like Oracle, but sure of itself (logits x 10) and with the true token its second choice
+    where it drafts wrong."""
+
+    def window_logits(self, input_ids, starts, gamma):
+        wrong = super().window_logits(input_ids, starts, gamma)
+        right = Oracle(self.sequence, set()).window_logits(input_ids, starts, gamma)
+        return 10 * torch.maximum(wrong, 0.9 * right)
+
+
+def test_a_best_first_tree_recovers_the_second_choice_that_the_chain_misses():
+    seq = list(range(1, 15))
+    data = _data([seq], prompt_len=3)
+    drafter = SecondChoiceOracle(torch.tensor(seq), {8})
+    result = replay_greedy(drafter, data, GAMMA, tree_budgets=(2, 6))
+    assert result["replay_accepted_per_step"] == pytest.approx(2.0)  # as the chain above
+    # six nodes hold the chain and the true token's branch: every step accepts all three
+    assert result["replay_tree6_accepted_per_step"] == pytest.approx(3.0)
+    # two nodes: the chain of two, or the two first tokens, never more than two accepted
+    assert result["replay_tree2_accepted_per_step"] <= 2.0
+    assert result["replay_chain2_accepted_per_step"] <= 2.0

@@ -188,7 +188,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def write_outputs(result: dict[str, Any], out: str | None, plots: str | None,
                   table: str) -> None:
-    """Plots (listed in the JSON), the JSON, and the Markdown table beside it; print the table."""
+    """Plots (listed in the JSON), the JSON (its paths written portably, so a committed result
+    names no folder of this machine: `provenance.portable`), and the Markdown table beside it;
+    print the table."""
+    from vllm_specdiff.provenance import portable
+
     if plots:
         from vllm_specdiff.bench.plots import write_plots
 
@@ -198,6 +202,6 @@ def write_outputs(result: dict[str, Any], out: str | None, plots: str | None,
     if out:
         path = Path(out)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2))
+        path.write_text(json.dumps(portable(result), indent=2))
         path.with_suffix(".md").write_text(table)
         print(f"wrote {path} and {path.with_suffix('.md')}", file=sys.stderr)

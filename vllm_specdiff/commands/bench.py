@@ -21,7 +21,7 @@ from typing import Any
 from vllm_specdiff.bench.methods import METHODS
 from vllm_specdiff.commands.common import add_engine_args
 from vllm_specdiff.commands.flags import add_gamma, add_option, add_spec_args
-from vllm_specdiff.provenance import provenance
+from vllm_specdiff.provenance import portable, provenance
 
 USES_VLLM = True
 
@@ -86,7 +86,7 @@ def report(summary: dict[str, Any], output: str | None) -> int:
     summary = {**summary, "provenance": provenance()}
     if output:
         Path(output).parent.mkdir(parents=True, exist_ok=True)
-        Path(output).write_text(json.dumps(summary, indent=2))
+        Path(output).write_text(json.dumps(portable(summary), indent=2))
         print(f"wrote {output}", file=sys.stderr)
     return 0 if summary["identical_outputs"] else 1
 

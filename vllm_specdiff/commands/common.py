@@ -99,12 +99,24 @@ def split_spec_flags(argv: list[str]) -> tuple[list[str], dict[str, Any], dict[s
     return rest, section, given
 
 
+def _default_gamma(drafter: str) -> int:
+    """DEFAULT_GAMMA, or fewer when the drafter's block drafts fewer per forward (a DFlash
+    drafter of block 8 drafts 7); a broken directory is named by the option check later."""
+    from vllm_specdiff.core import DEFAULT_GAMMA
+    from vllm_specdiff.drafter.loading import block_draft_tokens
+
+    try:
+        block = block_draft_tokens(drafter)
+    except (OSError, ValueError):
+        block = None
+    return DEFAULT_GAMMA if block is None else min(DEFAULT_GAMMA, block)
+
+
 def expand_speculative_model(argv: list[str]) -> list[str]:
     """`vllm serve` arguments with `--speculative-model DRAFTER_DIR [--num-speculative-tokens
     N]` and the SpecDiff option flags (`--drafter-temperature 1.5`, ...) written out as vLLM
     0.32 spells them: the proposer in --speculative-config, the options in --additional-config
     (merged with a specdiff section already there)."""
-    from vllm_specdiff.core import DEFAULT_GAMMA
     from vllm_specdiff.plugin.config import SECTION
     from vllm_specdiff.plugin.engine import specdiff_engine_args
 
@@ -123,7 +135,7 @@ def expand_speculative_model(argv: list[str]) -> list[str]:
         raise ValueError(f"{SPECULATIVE_MODEL} is the shorthand for --speculative-config; "
                          "give one of them")
     try:
-        gamma = int(counts[-1]) if counts else DEFAULT_GAMMA
+        gamma = int(counts[-1]) if counts else _default_gamma(flags["drafter"])
     except ValueError:
         raise ValueError(f"{NUM_SPECULATIVE_TOKENS} must be an integer, "
                          f"got {counts[-1]!r}") from None

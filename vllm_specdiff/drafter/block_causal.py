@@ -23,7 +23,6 @@ from torch import nn
 
 from .base import Drafter
 from .checkpoint import load_into, parse_dtype, read_config, read_weights
-from .injection import FeatureInjection
 from .kv_pool import KVEntry, KVLayout, KVPool
 from .packed import PackedRows
 from .stack import ARCHS, DecoderStack, make_config
@@ -55,7 +54,6 @@ class BlockCausalDrafter(Drafter):
         self.register_buffer("draft_to_verifier", None)
         self.pool = KVPool(cache_size, cache_bytes) if cache_size > 0 else None
         self._layout: KVLayout | None = None
-        self.injection: FeatureInjection | None = None  # verifier features (injection.py)
         self.source_dir: Path | None = None  # tokenizer files are copied from here on save
 
     @property
@@ -115,7 +113,6 @@ class BlockCausalDrafter(Drafter):
         state = read_weights(path)
         d2t = state.pop("draft_to_verifier", None)
         meta = {k: cfg[k] for k in ("verifier_vocab_size", "mask_token_id", "draft_vocab_size")}
-        meta["conditioning"] = cfg.get("conditioning")
         return cls._build(cfg["base_model_type"], cfg["base_config"], meta, state, d2t, str(path),
                           dtype, device, cache_size, context_window, cache_bytes)
 
@@ -129,8 +126,6 @@ class BlockCausalDrafter(Drafter):
                           mask_token_id=meta["mask_token_id"],
                           draft_vocab_size=meta.get("draft_vocab_size"), cache_size=cache_size,
                           context_window=context_window, cache_bytes=cache_bytes)
-            if meta.get("conditioning"):
-                drafter.add_injection(tuple(meta["conditioning"]["target_layer_ids"]))
         load_into(drafter, state, source)
         drafter.model.reset_rotary()  # meta -> real buffers before moving
         drafter.to(device=device, dtype=parse_dtype(dtype))
@@ -139,18 +134,6 @@ class BlockCausalDrafter(Drafter):
         if d2t is not None:
             drafter.draft_to_verifier = _check_d2t(d2t, meta["verifier_vocab_size"]).to(device)
         return drafter.eval()
-
-    @property
-    def feature_taps(self) -> tuple[int, ...]:
-        return () if self.injection is None else self.injection.target_layer_ids
-
-    def add_injection(self, target_layer_ids: tuple[int, ...]) -> FeatureInjection:
-        """Attach zero-initialised verifier-feature injection (a no-op until trained)."""
-        cfg = self.config
-        self.injection = FeatureInjection(target_layer_ids, cfg.hidden_size,
-                                          cfg.num_hidden_layers, cfg.rms_norm_eps)
-        self.injection.to(self.lm_head.weight.device)
-        return self.injection
 
     def save_pretrained(self, path: str | Path) -> None:
         """Write config.json + model.safetensors (the d2t table, if any, is a tensor in it), and
@@ -168,8 +151,6 @@ class BlockCausalDrafter(Drafter):
             "draft_vocab_size": None if self.draft_to_verifier is None else self.draft_vocab_size,
             "shifted": True,
         }
-        if self.injection is not None:
-            config["conditioning"] = {"target_layer_ids": list(self.injection.target_layer_ids)}
         (path / "config.json").write_text(json.dumps(config, indent=2, default=str))
         state = {k: v.detach().contiguous().cpu() for k, v in self.state_dict().items()}
         save_file(state, str(path / "model.safetensors"), metadata={"format": "pt"})
@@ -293,13 +274,11 @@ class BlockCausalDrafter(Drafter):
         return min(self.max_positions, self.context_window + gamma)
 
     def window_logits(self, input_ids: torch.Tensor, starts: torch.Tensor,
-                      gamma: int, features: torch.Tensor | None = None) -> torch.Tensor:
+                      gamma: int) -> torch.Tensor:
         """Differentiable logits [B,M,G,V_draft] of M windows per row in ONE forward.
 
         The sequence is the context (causal) followed by M blocks of gamma masks; block m sits at
         positions s_m..s_m+gamma-1 and attends to context tokens < s_m and to its own block.
-        features[B,L,F]: the verifier's tapped states of input_ids, for a drafter with
-        `injection` (each context token gets those of the position before it).
         """
         device = self._device()
         input_ids = input_ids.to(device)
@@ -330,12 +309,7 @@ class BlockCausalDrafter(Drafter):
             & (idx[None, None, :] < start_of[:, :, None])
         blk_blk = ((~is_ctx)[:, None] & (block_of[:, None] == block_of[None, :]))[None]
         allowed = ctx_ctx | blk_ctx | blk_blk
-        bias = None
-        if features is not None:
-            if self.injection is None:
-                raise ValueError("verifier features given to a drafter without an injection")
-            bias = self.injection.layer_bias(features[:, :length].to(device), total)
-        hidden = self.model(ids, position_ids, allowed, bias)
+        hidden = self.model(ids, position_ids, allowed)
         first = (starts - 1)[:, :, None]
         rest = length + torch.arange(windows, device=device)[None, :, None] * gamma + g[None, None]
         read = torch.where(g[None, None] == 0, first, rest - 1).reshape(batch, -1)

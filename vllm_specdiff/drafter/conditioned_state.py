@@ -28,12 +28,22 @@ retired entries go first, then the least recently used requests that are not bei
 request whose entry was dropped (or whose positions jump forward) starts a new entry at the
 positions it is given: unless a donor covers its prefix, it drafts from a shorter context, which
 lowers acceptance but never changes the output (verification decides).
+
+Deferred projection. A step whose rows the adaptive controller does not draft reads no context,
+so its positions need not be projected yet: `extend_many` keeps each request's new features raw
+(its `backlog`, one copy per call of the committed rows only) and `block_logits` projects the
+backlog of the requests it drafts, all in one call, right before drafting. A request's K/V are
+then the same function of the same features and positions as with a projection every step (a
+matrix product over other rows may round differently: float32 tolerance, not bits), so drafts
+are the same. The backlog is bounded per request (`max_backlog` rows, projected at once when
+reached; 0: project every step), counted in the byte bound, and cut to what a donor can ever
+lend (positions before its recorded tokens) when the request retires.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,6 +51,12 @@ from .conditioned import ConditionedDrafter
 
 DEFAULT_CACHE_BYTES = 2**30
 DEFAULT_MAX_RETIRED = 64
+# Raw feature rows a request may hold unprojected. Projecting costs a fixed ~2 ms per call plus
+# ~60 us per row (the default drafter, one CPU thread), so the fixed part is amortised from ~128
+# rows per call, and only a request that finishes before its next draft saves the rest: 256
+# rows cover a typical chat request's prompt and reply. They are 1.8 MB per request with the
+# default drafter's 1728 features (its K/V of the same rows: 0.8 MB).
+DEFAULT_MAX_BACKLOG = 256
 
 
 @dataclass
@@ -50,6 +66,7 @@ class ContextEntry:
     kv[layer, 0 (K) or 1 (V), kv_heads, capacity, head_dim] holds positions start..end-1 in its
     first `length` slots; tokens[:num_tokens] are the request's token ids from position 0 (as of
     its last draft). `pending`: begun at start > 0 and not yet looked up for a donor prefix.
+    `backlog`: raw features [n, taps*H] of positions end..fed_end-1, not yet projected.
     """
 
     start: int
@@ -58,11 +75,19 @@ class ContextEntry:
     tokens: torch.Tensor | None = None
     num_tokens: int = 0
     pending: bool = False
+    backlog: list[torch.Tensor] = field(default_factory=list)
+    backlog_rows: int = 0
 
     @property
     def end(self) -> int:
-        """One past the last cached position (the next position `extend` expects)."""
+        """One past the last projected position."""
         return self.start + self.length
+
+    @property
+    def fed_end(self) -> int:
+        """One past the last position fed, projected or not (the next position `extend`
+        expects)."""
+        return self.end + self.backlog_rows
 
     @property
     def keys(self) -> list[torch.Tensor]:
@@ -76,8 +101,21 @@ class ContextEntry:
 
     @property
     def nbytes(self) -> int:
-        """Allocated bytes (capacity, not only the filled part)."""
-        return sum(t.numel() * t.element_size() for t in (self.kv, self.tokens) if t is not None)
+        """Allocated bytes (capacity, not only the filled part), the raw backlog included."""
+        return sum(t.numel() * t.element_size() for t in (self.kv, self.tokens, *self.backlog)
+                   if t is not None)
+
+    def defer(self, features: torch.Tensor) -> None:
+        """Keep features [n, taps*H] of positions fed_end.. to project later."""
+        if features.shape[0]:
+            self.backlog.append(features)
+            self.backlog_rows += features.shape[0]
+
+    def take_backlog(self) -> list[torch.Tensor]:
+        """The backlog's pieces, in position order, leaving it empty (they are being
+        projected)."""
+        pieces, self.backlog, self.backlog_rows = self.backlog, [], 0
+        return pieces
 
     def filled(self) -> torch.Tensor:
         """The filled part of the buffer [layers, 2, kv_heads, length, head_dim]."""
@@ -108,8 +146,20 @@ class ContextEntry:
         self.start -= p
 
     def truncate(self, end: int) -> None:
-        """Forget positions end.. (kept: start <= end <= self.end)."""
-        self.length = end - self.start
+        """Forget positions end.., projected or not (kept: start <= end <= self.fed_end)."""
+        if end == self.fed_end:  # in step (every step): the backlog is not walked
+            return
+        if end < self.end:
+            self.length = end - self.start
+            self.backlog, self.backlog_rows = [], 0
+            return
+        keep, kept, rows = end - self.end, [], 0
+        for piece in self.backlog:
+            if rows >= keep:
+                break
+            kept.append(piece[:keep - rows])
+            rows += kept[-1].shape[0]
+        self.backlog, self.backlog_rows = kept, keep
 
     def record_tokens(self, tokens: torch.Tensor) -> None:
         """Remember token ids [n] of positions 0..n-1; only the part not seen before is copied
@@ -128,8 +178,9 @@ class ContextEntry:
         self.num_tokens = n
 
     def covers(self, tokens: torch.Tensor, upto: int) -> bool:
-        """Whether this entry holds the K/V of positions 0..upto-1 of a request with `tokens`."""
-        return (self.start == 0 and self.end >= upto and self.num_tokens >= upto
+        """Whether this entry holds the K/V of positions 0..upto-1 of a request with `tokens`
+        (projected or in its backlog)."""
+        return (self.start == 0 and self.fed_end >= upto and self.num_tokens >= upto
                 and self.tokens is not None and tokens.shape[0] >= upto
                 and torch.equal(self.tokens[:upto], tokens[:upto].to("cpu", torch.long)))
 
@@ -145,14 +196,20 @@ class ConditionedContextCache:
     """Bounded LRU store of projected contexts, prefix reuse, and batched drafting from it."""
 
     def __init__(self, drafter: ConditionedDrafter, max_bytes: int = DEFAULT_CACHE_BYTES,
-                 max_retired: int = DEFAULT_MAX_RETIRED) -> None:
+                 max_retired: int = DEFAULT_MAX_RETIRED,
+                 max_backlog: int = DEFAULT_MAX_BACKLOG) -> None:
         if max_bytes < 1:
             raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
         if max_retired < 0:
             raise ValueError(f"max_retired must be >= 0, got {max_retired}")
+        if max_backlog < 0:
+            raise ValueError(f"max_backlog must be >= 0, got {max_backlog}")
         self.drafter = drafter
         self.max_bytes = max_bytes
         self.max_retired = max_retired
+        self.max_backlog = max_backlog
+        self.projections = 0  # projection calls (fc, hidden_norm, each layer's K/V)
+        self.projected_rows = 0  # positions those calls projected
         self.entries: OrderedDict[str, ContextEntry] = OrderedDict()
         self.retired: OrderedDict[str, ContextEntry] = OrderedDict()  # finished, kept as donors
         self.restarts = 0  # entries drafting without their prefix (dropped, jumped, no donor)
@@ -171,40 +228,72 @@ class ConditionedContextCache:
     @torch.no_grad()
     def extend_many(self, updates: list[tuple[str, torch.Tensor, int]]) -> None:
         """`extend` for a whole batch: (request id, features [n, taps*H], first position) each.
-        All new positions are projected in one call (`fc`, then each layer's K/V with every
-        row's own RoPE position): at batch 16 one call per request costs more than the draft."""
-        pieces = []
+        The features wait in each request's backlog until it is drafted (`block_logits`) or
+        holds `max_backlog` rows; the requests due are projected together (`_project`)."""
+        placed = []
         for req_id, features, first_position in updates:
-            self.retired.pop(req_id, None)
-            entry = self.entries.get(req_id)
-            if entry is not None and entry.start <= first_position <= entry.end:
-                entry.truncate(first_position)  # in step, or back over its own positions
-            else:  # new, or jumped forward: a start > 0 is resolved (donor or restart) at its draft
-                entry = ContextEntry(start=first_position, pending=first_position > 0)
-                self.entries[req_id] = entry
+            entry = self._place(req_id, first_position)
             self.entries.move_to_end(req_id)
-            if features.shape[0]:
-                pieces.append((entry, features, first_position))
-        if not pieces:
+            placed.append((entry, features.shape[0]))
+        rows = [f for _, f, _ in updates if f.shape[0]]
+        if not rows:
+            return
+        # one copy of the committed rows: the caller's step tensor (rejected rows too) is not
+        # kept alive by the backlog
+        fed = torch.cat(rows).to(self.drafter.device)
+        offset = 0
+        for entry, n in placed:
+            entry.defer(fed[offset:offset + n])
+            offset += n
+        self._project([e for e, _ in placed if e.backlog_rows >= max(self.max_backlog, 1)])
+
+    def catch_up(self, req_ids: list[str]) -> None:
+        """Project the deferred positions of these requests in one call: a step that drafts
+        them in several `block_logits` calls (draft lengths differ) still projects once."""
+        self._project([self.entries[r] for r in req_ids if r in self.entries])
+
+    def _place(self, req_id: str, position: int) -> ContextEntry:
+        """The request's entry, cut back to `position` when it reaches there (in step, or back
+        over its own positions), else a new entry beginning there (new, dropped, or jumped
+        forward: a start > 0 is resolved, donor or restart, at its draft)."""
+        self.retired.pop(req_id, None)
+        entry = self.entries.get(req_id)
+        if entry is not None and entry.start <= position <= entry.fed_end:
+            entry.truncate(position)
+        else:
+            entry = ContextEntry(start=position, pending=position > 0)
+            self.entries[req_id] = entry
+        return entry
+
+    def _project(self, entries: list[ContextEntry]) -> None:
+        """Project the backlog of these entries in one call (`fc`, `hidden_norm`, then each
+        layer's K/V with every row's own RoPE position) and append it to their K/V: at batch
+        16 one call per request costs more than the draft."""
+        due = list({id(e): e for e in entries if e.backlog_rows}.values())
+        if not due:
             return
         d = self.drafter
-        features = torch.cat([f for _, f, _ in pieces]).to(d.device)
-        positions = torch.cat([torch.arange(first, first + f.shape[0])
-                               for _, f, first in pieces]).to(d.device)
+        counts = [e.backlog_rows for e in due]
+        positions = torch.cat([torch.arange(e.end, e.fed_end) for e in due]).to(d.device)
+        features = torch.cat([piece for e in due for piece in e.take_backlog()])
         new = d.context_kv(d.context(features[None]), positions[None])
         kv = torch.stack([torch.stack([k[0], v[0]]) for k, v in new])  # [L, 2, kv, T, D]
         offset = 0
-        for entry, f, _ in pieces:
-            entry.append(kv[:, :, :, offset:offset + f.shape[0]])
-            offset += f.shape[0]
+        for entry, n in zip(due, counts, strict=True):
+            entry.append(kv[:, :, :, offset:offset + n])
+            offset += n
+        self.projections += 1
+        self.projected_rows += offset
 
     def drop(self, req_id: str) -> None:
         """Forget a finished or aborted request; a complete entry with recorded tokens is kept
         as a retired donor (least recently used first out, bounded in count and bytes)."""
         entry = self.entries.pop(req_id, None)
-        if (entry is None or self.max_retired == 0 or entry.start != 0 or not entry.length
+        if (entry is None or self.max_retired == 0 or entry.start != 0 or not entry.fed_end
                 or not entry.num_tokens):
             return
+        # a donor lends only positions before its recorded tokens: at most one backlog row stays
+        entry.truncate(min(entry.fed_end, entry.num_tokens))
         self.retired[req_id] = entry
         while len(self.retired) > self.max_retired:
             self.retired.popitem(last=False)
@@ -246,6 +335,8 @@ class ConditionedContextCache:
         if donor is None:
             self.restarts += 1
             return
+        if donor.end < entry.start:  # the prefix is partly in the donor's backlog
+            self._project([donor])
         entry.prepend(donor.filled()[:, :, :, :entry.start])
         self.prefix_hits += 1
 
@@ -263,20 +354,15 @@ class ConditionedContextCache:
         if tokens is not None and len(tokens) != len(req_ids):
             raise ValueError(f"{len(tokens)} token rows for {len(req_ids)} requests")
         for b, (req_id, position) in enumerate(zip(req_ids, anchor_positions, strict=True)):
-            self.retired.pop(req_id, None)
-            entry = self.entries.get(req_id)
-            if entry is not None and entry.start <= position <= entry.end:
-                entry.truncate(position)
-            else:
-                entry = ContextEntry(start=position, pending=position > 0)
-                self.entries[req_id] = entry
+            entry = self._place(req_id, position)
             row = None if tokens is None else tokens[b]
             if row is not None:
                 entry.record_tokens(row)
             if entry.pending:
                 self._resolve(entry, row)
-        self.evict(set(req_ids))
         entries = [self.entries[r] for r in req_ids]
+        self._project(entries)  # catch up: every drafted request's deferred positions at once
+        self.evict(set(req_ids))
         d = self.drafter
         device = d.device
         lengths = [e.length for e in entries]

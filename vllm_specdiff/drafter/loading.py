@@ -1,8 +1,10 @@
 """`load_drafter`: one entry point for every drafter directory format.
 
-The format is chosen from config.json's `model_type` (never by running code shipped with the
-checkpoint); a LoRA adapter is merged into the weights, a reduced-vocabulary table found beside the
-weights is applied, and the output is checked against the verifier's vocabulary size.
+The format is chosen from config.json's `model_type`, or for a published DFlash drafter its
+`architectures` / `speculators_model_type` (never by running code shipped with the checkpoint:
+`auto_map` is ignored); a LoRA adapter is merged into the weights, a reduced-vocabulary table
+found beside the weights is applied, and the output is checked against the verifier's vocabulary
+size.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from .checkpoint import parse_dtype, read_config, tensor_shapes, weight_files
 from .conditioned import MODEL_TYPE as CONDITIONED_TYPE
 from .conditioned import SHARED as CONDITIONED_SHARED
 from .conditioned import ConditionedDrafter
+from .dflash_format import check_tensors, is_dflash, load_dflash, read_layout
 from .dream import DREAM_TYPES, DreamDrafter
 from .llada import LLADA_TYPES, LLaDADrafter
 from .lora import check_adapter_dir, check_adapter_fits, merge_lora
@@ -39,12 +42,45 @@ def check_drafter_dir(path: str | Path) -> dict:
     config.json (valid JSON, a known model_type) and readable safetensors weights. Returns the
     config."""
     cfg = read_config(path)
+    if is_dflash(cfg):  # its config and every tensor's name and shape
+        check_tensors(path, read_layout(cfg, path))
+        return cfg
     model_type = cfg.get("model_type")
     if model_type not in KNOWN_TYPES:
         raise ValueError(f"unknown drafter model_type {model_type!r} in "
-                         f"{str(Path(path) / 'config.json')!r}; supported: {list(KNOWN_TYPES)}")
+                         f"{str(Path(path) / 'config.json')!r}; supported: {list(KNOWN_TYPES)}, "
+                         "or a DFlash drafter (architectures [\"DFlashDraftModel\"] or "
+                         "speculators_model_type \"dflash\")")
     tensor_shapes(weight_files(path))
     return cfg
+
+
+def reads_verifier_states(cfg: dict) -> bool:
+    """Whether a drafter config describes a drafter conditioned on the verifier's hidden states
+    (`specdiff_conditioned` or DFlash): such a drafter needs the worker that captures them."""
+    return cfg.get("model_type") == CONDITIONED_TYPE or is_dflash(cfg)
+
+
+def block_draft_tokens(path: str | Path) -> int | None:
+    """Draft tokens one forward of a conditioned drafter proposes (its block minus the anchor),
+    from its config; None for formats without a fixed block."""
+    cfg = read_config(path)
+    if is_dflash(cfg):
+        return read_layout(cfg, path).config.gamma
+    if cfg.get("model_type") == CONDITIONED_TYPE:
+        return int(cfg.get("block_size", 9)) - 1
+    return None
+
+
+def check_block_fits(path: str | Path, num_speculative_tokens: int) -> None:
+    """The one check that `num_speculative_tokens` fits the drafter's block, at start-up (a
+    larger value would ask one forward for drafts its block has no slots for)."""
+    block = block_draft_tokens(path)
+    if block is not None and num_speculative_tokens > block:
+        raise ValueError(f"num_speculative_tokens = {num_speculative_tokens} exceeds the block "
+                         f"of the drafter {str(path)!r}: it drafts at most {block} tokens per "
+                         f"forward (block_size {block + 1}); use num_speculative_tokens <= "
+                         f"{block}")
 
 
 def check_lora_for(path: str | Path, lora: str | Path) -> None:
@@ -52,8 +88,9 @@ def check_lora_for(path: str | Path, lora: str | Path) -> None:
     (block-causal, conditioned) its targets and shapes against the drafter's, all from file
     headers, so a wrong adapter fails at the option check instead of in a worker."""
     check_adapter_dir(lora)
-    model_type = read_config(path).get("model_type")
-    if model_type == CONDITIONED_TYPE:  # its head (even a reduced one) is never in its files
+    cfg = read_config(path)
+    model_type = cfg.get("model_type")
+    if reads_verifier_states(cfg):  # its head (even a reduced one) is never in its files
         check_adapter_fits(lora, tensor_shapes(weight_files(path)), _CONDITIONED_SHARED_MODULES)
     elif model_type == BLOCK_CAUSAL_TYPE and not (Path(path) / D2T_FILE).is_file():
         check_adapter_fits(lora, tensor_shapes(weight_files(path)))
@@ -79,7 +116,8 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     verifier_tokenizer: the verifier's tokenizer (directory or object with get_vocab()); when
       given, every verifier token must have the same id in the drafter directory's tokenizer.
     verifier: the verifier's directory, for a drafter that shares its embedding and head
-      (`specdiff_conditioned`: those tensors are not stored in the drafter directory).
+      (`specdiff_conditioned` and DFlash: those tensors are not stored in the drafter
+      directory, unless a DFlash checkpoint ships its own).
     """
     cfg = check_drafter_dir(path)
     if lora is not None:
@@ -92,9 +130,9 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
         raise ValueError(f"context_window must be a positive int or None, got {context_window!r}")
     # With an adapter, merge in float32 first, then cast (a bf16 merge would round twice).
     load_dtype = torch.float32 if lora is not None else dtype
-    if model_type == CONDITIONED_TYPE:
-        drafter = _load_conditioned(path, verifier, lora, dtype, device, verifier_vocab_size,
-                                    verifier_tokenizer)
+    if reads_verifier_states(cfg):
+        drafter = _load_conditioned(path, cfg, verifier, lora, dtype, device,
+                                    verifier_vocab_size, verifier_tokenizer)
         return quantize_drafter(drafter, quantize)
     if model_type == BLOCK_CAUSAL_TYPE:
         drafter: Drafter = BlockCausalDrafter.from_pretrained(
@@ -122,17 +160,19 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
     return quantize_drafter(drafter.eval(), quantize)
 
 
-def _load_conditioned(path: str | Path, verifier: str | Path | None, lora: str | Path | None,
-                      dtype: torch.dtype, device: str, verifier_vocab_size: int | None,
-                      verifier_tokenizer: object) -> Drafter:
-    """A verifier-conditioned drafter: its trained tensors plus the verifier's embedding and
-    head, with a LoRA adapter of its layers and `fc` merged in (float32, before the cast, as
-    the other formats). Its tokenizer is the verifier's own; tokenizer files beside it (a
-    training run's output) are checked."""
+def _load_conditioned(path: str | Path, cfg: dict, verifier: str | Path | None,
+                      lora: str | Path | None, dtype: torch.dtype, device: str,
+                      verifier_vocab_size: int | None, verifier_tokenizer: object) -> Drafter:
+    """A verifier-conditioned drafter (native or DFlash): its trained tensors plus the
+    verifier's embedding and head, with a LoRA adapter of its layers and `fc` merged in
+    (float32, before the cast, as the other formats). Its tokenizer is the verifier's own;
+    tokenizer files beside it (a training run's output, an export) are checked."""
+    kind = "DFlash" if is_dflash(cfg) else CONDITIONED_TYPE
     if verifier is None:
-        raise ValueError(f"{str(path)!r} is a {CONDITIONED_TYPE} drafter, which shares the "
-                         "verifier's embedding and head: pass verifier=VERIFIER_DIR")
-    drafter = ConditionedDrafter.from_pretrained(path, verifier)  # float32
+        raise ValueError(f"{str(path)!r} is a {kind} drafter, which shares the verifier's "
+                         "embedding and head: pass verifier=VERIFIER_DIR")
+    drafter = load_dflash(path, cfg, verifier) if is_dflash(cfg) \
+        else ConditionedDrafter.from_pretrained(path, verifier)  # float32
     if lora is not None:  # check_lora_for has refused targets in the shared embedding and head
         merge_lora(drafter, lora)
     if verifier_vocab_size is not None and drafter.vocab_size < verifier_vocab_size:

@@ -81,12 +81,8 @@ class DecoderStack(nn.Module):
         self.rotary_emb = rope_cls(config=config)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor,
-                allowed: torch.Tensor, layer_bias: list[torch.Tensor] | None = None
-                ) -> torch.Tensor:
+                allowed: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states [B,Q,H].
-
-        layer_bias: per layer, a term [B,Q,H] added to its input (verifier features injected
-        into the context stream, drafter/injection.py).
 
         allowed[B,Q,Q]: query q may attend key k; allowed[B,1,Q] is a key-only mask shared by
         all queries (bidirectional formats).
@@ -96,9 +92,7 @@ class DecoderStack(nn.Module):
         position_embeddings = self.rotary_emb(hidden, position_ids)
         mask = torch.zeros(allowed.shape, dtype=hidden.dtype, device=hidden.device)
         mask = mask.masked_fill(~allowed, torch.finfo(hidden.dtype).min).unsqueeze(1)
-        for i, layer in enumerate(self.layers):
-            if layer_bias is not None:
-                hidden = hidden + layer_bias[i]
+        for layer in self.layers:
             hidden = layer(hidden, attention_mask=mask, position_ids=position_ids,
                            position_embeddings=position_embeddings)
         return self.norm(hidden)

@@ -345,6 +345,10 @@ def _check_together(c: SpecDiffConfig, gamma: int | None, given: dict[str, str])
     if gamma is not None and c.steps > gamma:
         raise ValueError(f"{_opt('steps')}={c.steps} exceeds num_speculative_tokens={gamma}")
     check_paths(c.drafter, c.lora)
+    if gamma is not None and c.drafter is not None:
+        from vllm_specdiff.drafter.loading import check_block_fits
+
+        _checked("drafter", check_block_fits, c.drafter, gamma)
     if c.candidates[0] != "argmax":
         raise ValueError(f"{_opt('candidates')} must start with 'argmax' (candidate 0 is the "
                          f"argmax draft), got {list(c.candidates)!r}")

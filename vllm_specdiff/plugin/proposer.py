@@ -12,7 +12,8 @@ from p with x removed, which is the paper's lossless rule (ALGORITHM.md section 
 Rows carry no request ids and are reordered, preempted and finished between steps; the drafter's
 KV pool therefore finds each row's cached context by longest common prefix, and is bounded.
 Beside this module: what a row carries between steps (`proposer_rows`), the adaptive
-controller's side (`proposer_adaptive`) and the statistics (`proposer_stats`).
+controller's side (`proposer_adaptive`), a drafter that reads the verifier
+(`proposer_conditioned`) and the statistics (`proposer_stats`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,6 @@ from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
 from vllm_specdiff.core.candidates import candidate_drafts, lookup_continuations, ngram_draft
 from vllm_specdiff.core.datastore import Datastore
 from vllm_specdiff.core.trie import RequestTrie, build_request_trie
-from vllm_specdiff.drafter.conditioned_state import DEFAULT_CACHE_BYTES, ConditionedContextCache
 from vllm_specdiff.plugin.config import (
     SpecDiffConfig,
     check_drafter_for,
@@ -39,6 +39,7 @@ from vllm_specdiff.plugin.config import (
     parse_specdiff_config,
 )
 from vllm_specdiff.plugin.proposer_adaptive import AdaptiveLengths
+from vllm_specdiff.plugin.proposer_conditioned import ConditionedContexts
 from vllm_specdiff.plugin.proposer_rows import Pending, Row, signature
 from vllm_specdiff.plugin.proposer_stats import ProposerStats, specdiff_logger
 from vllm_specdiff.plugin.vllm_plugin import install_vllm_fixes
@@ -50,7 +51,6 @@ from vllm_specdiff.plugin.workers import (
 )
 
 WARM_UP_CONTEXT = 32  # tokens of the start-up draft's dummy context
-WARM_UP_ID = "specdiff-warm-up"  # its request id in a conditioned drafter's context cache
 
 
 def verifier_tokenizer(model_config: Any) -> Any:
@@ -62,7 +62,7 @@ def verifier_tokenizer(model_config: Any) -> Any:
     return cached_tokenizer_from_config(model_config)
 
 
-class SpecDiffProposer(AdaptiveLengths, ProposerStats):
+class SpecDiffProposer(ConditionedContexts, AdaptiveLengths, ProposerStats):
     """Drafts `num_speculative_tokens` tokens per request with a masked-diffusion drafter (K=1).
 
     The drafter attribute is `self.drafter`, never `self.model`: vLLM's runner inspects
@@ -106,6 +106,8 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         self.lookup_drafts = 0  # K = 1 with "ngram": rows drafted by prompt lookup
         self.datastore_drafts = 0  # of those, rows drafted from the datastore
         self.drafter_seconds = 0.0
+        self.idle_steps, self.idle_seconds = 0, 0.0  # steps the drafter drafted no row in
+        self._filed_seconds = 0.0  # this step's time filing the verifier's states
         # per context signature, one entry per row (rows with identical contexts, e.g. greedy
         # n > 1, each keep theirs)
         self._pending: dict[tuple[int, bytes], list[Pending]] = {}
@@ -139,7 +141,7 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         # (feature_runner), captures `feature_taps` and feeds each request's committed states.
         self.feature_runner = False
         self.feature_taps: tuple[int, ...] = ()
-        self.contexts: ConditionedContextCache | None = None
+        self.contexts = None
         self._row_requests: list[str] = []
 
     # ---- vLLM interface -------------------------------------------------------------------------
@@ -186,9 +188,7 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
                              f"conditioned drafter {path} ({self.drafter.cfg.gamma} draft "
                              "tokens per forward)")
         if conditioned:
-            self.contexts = ConditionedContextCache(
-                self.drafter, self.config.cache_bytes or DEFAULT_CACHE_BYTES)
-            self.feature_taps = self.drafter.feature_taps
+            self._load_contexts()
         self._check_positions()
         self._warm_up()
         self.drafter_path = path
@@ -208,11 +208,7 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         start = time.perf_counter()
         with torch.inference_mode():
             if self.contexts is not None:
-                features = torch.zeros(context.shape[0], self.drafter.cfg.feature_size)
-                self.contexts.extend(WARM_UP_ID, features, 0)
-                self.contexts.block_logits([WARM_UP_ID], context[-1:], [context.shape[0]])
-                self.contexts.drop(WARM_UP_ID)
-                self.contexts.restarts = 0
+                self._warm_up_contexts(context)
             else:
                 self.drafter.draft_logits([context], self.gamma,
                                           steps=min(self.config.steps, self.gamma))
@@ -318,12 +314,8 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
                 lookup=row.index in by_lookup))
         elapsed = self.clock() - start
         self._observe_call(encoded, elapsed)
-        with self._lock:
-            self.propose_calls += 1
-            self.drafted_rows += sum(1 for n in lengths if n)  # by the drafter or by lookup
-            self.lookup_drafts += len(by_lookup)
-            self.datastore_drafts += len(by_lookup & retrieved)
-            self.drafter_seconds += elapsed
+        self._count_step(sum(1 for n in lengths if n), len(by_lookup),
+                         len(by_lookup & retrieved), bool(drafter_rows), elapsed)
         self._maybe_log()
         return drafts
 
@@ -355,6 +347,7 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
         candidates instead."""
         out: list[list[int]] = [[] for _ in contexts]
         tries: list[RequestTrie | None] = [None] * len(contexts)
+        self._catch_up(indices)
         for length in sorted(set(lengths), reverse=True):
             group = [j for j, n in enumerate(lengths) if n == length]
             if self.contexts is not None:
@@ -375,34 +368,6 @@ class SpecDiffProposer(AdaptiveLengths, ProposerStats):
             for j, draft in zip(group, tokens, strict=True):
                 out[j] = draft
         return out, tries
-
-    # ---- a drafter that reads the verifier -----------------------------------------------------
-    def observe_features(self, updates: list[tuple[str, torch.Tensor, int]],
-                         finished: Any = ()) -> None:
-        """From the runner, after a verifier step: per batch row, its request's id and newly
-        committed positions' tapped states (features, first position); and the requests that
-        finished (their contexts are dropped)."""
-        if self.contexts is None:
-            return
-        start = self.clock()
-        for req_id in finished or ():
-            self.contexts.drop(req_id)
-        self.contexts.extend_many(updates)
-        self._row_requests = [req_id for req_id, _, _ in updates]
-        with self._lock:  # projecting the context is drafting work: the step's drafter share
-            self.drafter_seconds += self.clock() - start
-
-    def _conditioned_logits(self, contexts: list[torch.Tensor], indices: list[int],
-                            length: int) -> torch.Tensor:
-        """[B, length, V] over the verifier's vocabulary, one block per row, from each request's
-        cached context; the anchor (the last committed token) sits right after it. The rows'
-        token ids go along: the cache records them to reuse a prompt prefix vLLM's prefix cache
-        skipped (ConditionedContextCache)."""
-        assert self.contexts is not None
-        anchors = torch.tensor([int(c[-1]) for c in contexts])
-        logits = self.contexts.block_logits([self._row_requests[i] for i in indices], anchors,
-                                            [c.shape[0] - 1 for c in contexts], contexts)
-        return self.drafter.to_verifier_vocab(logits[:, :length])
 
     def _tree_drafts(self, logits: torch.Tensor, group: list[int], contexts: list[torch.Tensor],
                      allowed: list[bool], out: list[list[int]], tries: list[RequestTrie | None]

@@ -45,6 +45,22 @@ class ProposerStats:
             self.tau_all += sum(tau_mean)
 
 
+    def _count_step(self, drafted_rows: int, lookup_rows: int, retrieved_rows: int,
+                    drafter_ran: bool, elapsed: float) -> None:
+        """One `propose` call's counts and time. A step whose rows the drafter drafted none of
+        is idle: its time (this call's and the states filed before it) is also kept apart, as
+        what a step without a draft still costs."""
+        with self._lock:
+            self.propose_calls += 1
+            self.drafted_rows += drafted_rows  # by the drafter or by lookup
+            self.lookup_drafts += lookup_rows
+            self.datastore_drafts += retrieved_rows
+            self.drafter_seconds += elapsed
+            if not drafter_ran:
+                self.idle_steps += 1
+                self.idle_seconds += elapsed + self._filed_seconds
+            self._filed_seconds = 0.0
+
     def _new_stats(self) -> SpecDecodeStats:
         stats = SpecDecodeStats()
         stats.record([], self.gamma)  # size the per-position lists for gamma, whatever is drafted
@@ -55,6 +71,7 @@ class ProposerStats:
         with self._lock:
             calls, rows, seconds = self.propose_calls, self.drafted_rows, self.drafter_seconds
             lookups, retrieved = self.lookup_drafts, self.datastore_drafts
+            idle, idle_seconds = self.idle_steps, self.idle_seconds
             adaptive = {"enabled": False} if self.adaptive is None else self.adaptive.stats()
         out = {
             "gamma": self.gamma,
@@ -65,6 +82,8 @@ class ProposerStats:
             "datastore_drafts": retrieved,
             "drafter_seconds": seconds,
             "drafter_ms_per_step": 1000.0 * seconds / calls if calls else 0.0,
+            "idle_steps": idle,  # steps whose rows the drafter drafted none of
+            "drafter_ms_per_idle_step": 1000.0 * idle_seconds / idle if idle else 0.0,
             "mean_accepted_length": self.stats.mean_accepted_length,
             "acceptance_rate": self.stats.acceptance_rate,
             "per_position_acceptance": self.stats.per_position_acceptance,
@@ -78,6 +97,7 @@ class ProposerStats:
             out["context_restarts"] = contexts.restarts
             out["context_bytes"] = contexts.nbytes
             out["context_prefix_hits"] = contexts.prefix_hits
+            out["context_projected_rows"] = contexts.projected_rows  # deferred ones once drafted
         if self.config.num_drafts > 1:
             steps = self.tree_stats.steps
             out["tree"] = {**self.tree_stats.to_dict(),
@@ -101,6 +121,7 @@ class ProposerStats:
             self.lookup_drafts = 0
             self.datastore_drafts = 0
             self.drafter_seconds = 0.0
+            self.idle_steps, self.idle_seconds = 0, 0.0
             self._logged = (0, 0.0, 0)
             self.tree_stats = SpecDecodeStats()
             self.chosen_sources = {}

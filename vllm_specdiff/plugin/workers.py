@@ -75,21 +75,21 @@ def tree_engine_args(platform: Any = None, conditioned: bool = False) -> dict[st
 
 
 def reads_verifier(drafter: str | None) -> bool:
-    """Whether a drafter directory reads the verifier's hidden states (`specdiff_conditioned`).
+    """Whether a drafter directory reads the verifier's hidden states (`specdiff_conditioned`
+    or a published DFlash drafter).
 
     None is the default drafter (`models.default_drafter_dir()`, so `models.DEFAULT_DRAFTER_KIND`
     decides the worker too). The served model is not known here; None is assumed to mean the
     default verifier, as `config.check_drafter_for` refuses None for any other model (unless
     `$SPECDIFF_DRAFTER` names the drafter, which this resolves to as the proposer does)."""
     from vllm_specdiff import models
-    from vllm_specdiff.drafter.conditioned import MODEL_TYPE
+    from vllm_specdiff.drafter.loading import reads_verifier_states
 
     if drafter is None:
         drafter = str(models.default_drafter_dir())
     try:
-        return json.loads((Path(drafter) / "config.json").read_text()).get("model_type") \
-            == MODEL_TYPE
-    except (OSError, ValueError):
+        return reads_verifier_states(json.loads((Path(drafter) / "config.json").read_text()))
+    except (OSError, ValueError, AttributeError):
         return False  # check_paths names what is wrong with the directory
 
 
