@@ -25,8 +25,8 @@
 #           specdiff2-nolookup
 # benchmarks/prompts/chat_heldout.jsonl: general chat prompts on topics no training prompt
 # mentions (written by `specdiff-distill corpus --heldout-output`, seed 0).
-# SPECDIFF_AR_DRAFTER: the draft_model baseline (default: what scripts/train_ar_drafter.sh
-# exports); SPECDIFF_BENCH_LIMIT (8): prompts per set at batch 1 (batch 16 uses 16).
+# SPECDIFF_AR_DRAFTER: the draft_model baseline (default: $SPECDIFF_CACHE_DIR/drafters/ar-drafter,
+# made by the commands in docs/training.md); SPECDIFF_BENCH_LIMIT (8): prompts per set at batch 1 (batch 16 uses 16).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BIN="${SPECDIFF_VENV:-$ROOT/.venv}/bin"

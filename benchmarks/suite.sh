@@ -23,8 +23,9 @@
 #
 #   bash benchmarks/suite.sh [OUT]      # ~3 h + ~2 h on 2 idle cores: run it on a quiet machine
 #
-# SPECDIFF_AR_DRAFTER: the autoregressive drafter of vLLM's draft_model method (default: the
-# directory scripts/train_ar_drafter.sh exports, $SPECDIFF_CACHE_DIR/drafters/ar-drafter); where
+# SPECDIFF_AR_DRAFTER: the autoregressive drafter of vLLM's draft_model method (default:
+# $SPECDIFF_CACHE_DIR/drafters/ar-drafter, made by the commands in docs/training.md, "the
+# bench's baseline"); where
 # it does not exist the draft-model row is left out. SPECDIFF_BENCH_LIMIT (16 prompts per set:
 # batch 16 needs 16), SPECDIFF_BENCH_REPEATS (3) and SPECDIFF_BENCH_MAX_TOKENS (64) scale it;
 # SPECDIFF_B1_LIMIT and SPECDIFF_B1_REPEATS (default: the two above) the main part's batch-1 run;

@@ -55,7 +55,10 @@ def pack(data_dir: Path, output: Path) -> Path:
                         prompt_lens=np.concatenate(plens).astype(np.int32),
                         prompt_index=np.concatenate(pidx).astype(np.int64),
                         shard_index=np.array(per_shard, dtype=np.int64), shard_counts=counts)
-    meta = {k: v for k, v in read_meta(data_dir).items() if not k.startswith("_")}
+    from vllm_specdiff.provenance import portable
+
+    # committed beside the pack: the verifier's and prompts' paths as $SPECDIFF_CACHE_DIR/...
+    meta = portable({k: v for k, v in read_meta(data_dir).items() if not k.startswith("_")})
     (output / f"{name}.json").write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return out
 

@@ -23,9 +23,11 @@ from vllm_specdiff.core.acceptance import (
     verify_standard,
     verify_tree,
 )
+from vllm_specdiff.core.best_first import best_first_tree
 from vllm_specdiff.core.sampling import sample_drafts
 from vllm_specdiff.core.scoring import score_drafts
 from vllm_specdiff.core.tree import TokenTree, build_token_tree
+from vllm_specdiff.core.trie import best_first_trie
 
 V, G, K, TRIALS = 8, 2, 4, 20_000
 PASS_P, REJECT_P = 1e-3, 1e-6
@@ -119,17 +121,47 @@ def biased_selected_then_standard(verifier, gen):
     return verify_standard(target, chosen, q, gen)
 
 
+def _best_first_tries(verifier: ToyVerifier, budget: int):
+    """The best-first trie of `budget` nodes grown from q (one per trial: q is fixed), batched
+    into one TokenTree of TRIALS requests, and its node probabilities."""
+    trie = best_first_trie(0, best_first_tree(verifier.q.log(), budget))
+    assert trie.lengths is not None and len(set(trie.lengths.tolist())) > 1  # depths differ
+    n = trie.num_nodes
+    shift = (torch.arange(TRIALS) * n).unsqueeze(1)
+    parents = torch.where(trie.parents >= 0, trie.parents.unsqueeze(0) + shift, -1)
+    tree = TokenTree(trie.tokens.repeat(TRIALS), parents.reshape(-1), trie.depths.repeat(TRIALS),
+                     torch.arange(TRIALS + 1) * n, (trie.draft_nodes.unsqueeze(0)
+                                                   + shift.unsqueeze(2)),
+                     trie.tokens[trie.draft_nodes].expand(TRIALS, -1, -1))
+    return tree, verifier.node_probs(tree)
+
+
+def run_tree_best_first(verifier, gen):
+    tree, node_probs = _best_first_tries(verifier, 4)
+    return verify_tree(node_probs, tree, gen)
+
+
 def biased_tree_emitting_from_full_p(verifier, gen):
     """Negative control: the tree walk, but after rejecting every child it emits from the full p
     instead of p with the rejected children removed (a classic residual bug)."""
     _, tree, node_probs = _draft_tree(verifier, K, gen)
+    return _walk_emitting_from_full_p(tree, node_probs, gen)
+
+
+def biased_best_first_emitting_from_full_p(verifier, gen):
+    """The same bug on best-first tries (candidates of different lengths)."""
+    tree, node_probs = _best_first_tries(verifier, 4)
+    return _walk_emitting_from_full_p(tree, node_probs, gen)
+
+
+def _walk_emitting_from_full_p(tree, node_probs, gen):
     children = [[] for _ in range(tree.num_nodes)]
     for node, parent in enumerate(tree.parents.tolist()):
         if parent >= 0:
             children[parent].append(node)
     tokens = torch.full((TRIALS, G + 1), -1, dtype=torch.long)
     accepted = torch.zeros(TRIALS, dtype=torch.long)
-    coins = torch.rand(TRIALS, G + 1, K, generator=gen)
+    coins = torch.rand(TRIALS, G + 1, tree.num_drafts, generator=gen)
     for r, root in enumerate(tree.root_nodes().tolist()):
         node, depth = root, 0
         while True:
@@ -158,7 +190,7 @@ def biased_standard_misreported_q(verifier, gen):
     return verify_standard(target, drafts[:, 0], uniform, gen)
 
 
-@pytest.mark.parametrize("rule", [run_point_mass, run_tree, run_standard])
+@pytest.mark.parametrize("rule", [run_point_mass, run_tree, run_standard, run_tree_best_first])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_rule_is_lossless(rule, seed):
     verifier = ToyVerifier(seed)
@@ -170,6 +202,7 @@ def test_rule_is_lossless(rule, seed):
 
 @pytest.mark.parametrize("rule", [biased_selected_then_standard,
                                   biased_tree_emitting_from_full_p,
+                                  biased_best_first_emitting_from_full_p,
                                   biased_standard_misreported_q])
 def test_negative_control_is_rejected(rule):
     verifier = ToyVerifier(0)

@@ -1,15 +1,18 @@
-"""Self-selection (num_drafts > 1) with a drafter that reads the verifier's hidden states.
+"""Self-selection (num_drafts > 1, and best-first trees) with a drafter that reads the
+verifier's hidden states.
 
-The combined worker (`conditioned_tree_runner`) verifies tries and feeds the drafter the states
-of the committed positions: the root and the accepted path through the trie, which are not
-contiguous rows when a later candidate wins. A briefly trained conditioned drafter for a tiny
-verifier decodes greedily, batch 1, fixed gamma, and three things must hold:
+The combined worker (`conditioned_runner.ConditionedTreeRunner`) verifies tries and feeds the
+drafter the states of the committed positions: the root and the accepted path through the trie,
+which are not contiguous rows when a later candidate wins. A briefly trained conditioned drafter
+for a tiny verifier decodes greedily, batch 1, fixed gamma, and three things must hold:
 - the output equals plain decoding, token for token;
 - the accepted count equals a plain-torch reference: the same drafter on the transformers
   verifier's states, the same K candidates (argmax plus samples from the proposer's seeded
   generator), each step accepting the longest candidate prefix the greedy text confirms;
 - the states the proposer was fed are, position by position, the verifier's states of the
   committed text (and some steps did gather a non-contiguous path).
+A best-first tree (`best_first`, node budget twice the drafter's block) is held to the same
+three checks, its reference growing the same tree from the same marginals.
 Negative control: feeding the trie's first rows (a chain's) in place of the accepted path's
 keeps the output but feeds states of rejected nodes, and the per-prompt accepted counts move
 away from the reference's. The plugin's drafter runs unquantized (`quantize="none"`), as the
@@ -21,6 +24,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vllm_specdiff.core.best_first import best_first_tree, greedy_tree_accepted
 from vllm_specdiff.core.candidates import candidate_drafts
 from vllm_specdiff.drafter.conditioned import ConditionedDrafter
 from vllm_specdiff_training.features import TapModel
@@ -75,6 +79,23 @@ def reference_tree_accepted(drafter: ConditionedDrafter, taps: TapModel, prompt:
                                       DRAFTER_T, None, generator)[0]
         target = torch.tensor(text[done:done + GAMMA])
         n = max(int((c == target).long().cumprod(0).sum()) for c in candidates)
+        accepted += n
+        done += n + 1
+    return accepted
+
+
+@torch.no_grad()
+def reference_best_first_accepted(drafter: ConditionedDrafter, taps: TapModel,
+                                  prompt: list[int], text: list[int], budget: int) -> int:
+    """Accepted draft tokens of a greedy best-first tree of `budget` nodes per step: the
+    deepest node on the verifier's greedy path."""
+    done, accepted = 1, 0
+    while done < MAX_TOKENS:
+        seq = torch.tensor([prompt + text[:done]])
+        logits = drafter.window_logits(seq, torch.tensor([[seq.shape[1]]]), GAMMA, taps(seq))
+        marginals = drafter.to_verifier_vocab(logits[:, 0])[0].float().log_softmax(-1)
+        tree = best_first_tree(marginals, budget)
+        n = greedy_tree_accepted(tree, torch.tensor(text[done:done + GAMMA]))
         accepted += n
         done += n + 1
     return accepted
@@ -222,6 +243,51 @@ def test_k_candidates_feed_the_accepted_path_and_accept_what_the_reference_accep
     assert proposer["tree"]["steps"] > 10
 
 
+def test_a_best_first_tree_feeds_the_accepted_path_and_accepts_what_the_reference_accepts(
+        cycle_verifier, trained, verifier_side, plain_outputs):
+    from vllm import LLM
+
+    from vllm_specdiff.plugin.engine import specdiff_engine_args, specdiff_stats
+    from vllm_specdiff.plugin.workers import CPU_CONDITIONED_TREE_WORKER
+
+    budget = 2 * GAMMA  # more nodes than the drafter's block: the tree goes wide, not deeper
+    texts, states, taps = verifier_side
+    args = specdiff_engine_args(budget, drafter=trained[0], best_first=True, seed=SEED,
+                                adaptive=False, candidates=["argmax", "sample"],
+                                quantize="none", log_interval=0)
+    assert args["worker_cls"] == CPU_CONDITIONED_TREE_WORKER
+    llm = LLM(**_common(cycle_verifier), **args)
+    llm.collective_rpc(_record)
+    got, accepted = _decode(llm)
+    assert got == plain_outputs  # lossless, token for token
+    assert accepted == [reference_best_first_accepted(trained[1], taps, p, t, budget)
+                        for p, t in zip(PROMPTS, texts, strict=True)]
+    fed, gathered = llm.collective_rpc(_recorded)[0]
+    assert _state_error(fed, states) < 1e-3
+    assert _non_contiguous(gathered) > 0  # some accepted paths left the argmax chain
+    tree = specdiff_stats(llm)["proposer"]["tree"]
+    assert tree["tree_walk_steps"] == tree["steps"] > 10  # every trie committed by the walk
+    assert set(tree["chosen_sources"]) <= {"argmax", "best_first"}
+
+
+def test_best_first_trees_under_adaptive_drafting_stay_lossless_and_try_both_shapes(
+        cycle_verifier, trained, plain_outputs):
+    """With adaptive drafting the node budget and the shape (tree or chain, `ShapeChoice`)
+    change from step to step: the output stays plain decoding's, and both shapes were tried."""
+    from vllm import LLM
+
+    from vllm_specdiff.plugin.engine import specdiff_engine_args, specdiff_stats
+
+    args = specdiff_engine_args(2 * GAMMA, drafter=trained[0], best_first=True, seed=SEED,
+                                candidates=["argmax", "sample"], quantize="none",
+                                log_interval=0)
+    llm = LLM(**_common(cycle_verifier), **args)
+    got, _ = _decode(llm)
+    assert got == plain_outputs
+    shapes = specdiff_stats(llm)["proposer"]["tree"]["shapes"]
+    assert shapes["steps"]["chain"] > 0 and shapes["steps"]["tree"] > 0, shapes
+
+
 def test_the_first_rows_instead_of_the_accepted_path_feed_wrong_states(
         cycle_verifier, trained, verifier_side, plain_outputs, monkeypatch):
     """Negative control: a chain's rows (the trie's first) in place of the accepted path's.
@@ -229,9 +295,9 @@ def test_the_first_rows_instead_of_the_accepted_path_feed_wrong_states(
     1e-3` rejects. The accepted counts are not asserted to differ: on a 2-core AMD EPYC host
     (2026-12-06) the tiny drafter accepted the same per prompt with the wrong states (on Intel
     it did not), so a count comparison would be a flaky control."""
-    from vllm_specdiff.plugin import conditioned_tree_runner
+    from vllm_specdiff.plugin import conditioned_runner
 
-    monkeypatch.setattr(conditioned_tree_runner, "path_rows",
+    monkeypatch.setattr(conditioned_runner, "path_rows",
                         lambda start, path, count: list(range(start, start + count)))
     llm = _engine(cycle_verifier, trained[0], 2, "tau")
     got, accepted = _decode(llm)

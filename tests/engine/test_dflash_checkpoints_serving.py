@@ -108,3 +108,49 @@ def test_a_trained_drafter_exported_to_dflash_accepts_what_vllm_dflash_accepts(
     assert plugin[0] == native[0] == _greedy(cycle_verifier)
     assert native[1] > 0  # trained: the count can tell a wrong draft from a right one
     assert plugin[1] == native[1]
+
+
+CLI_PROMPTS = ["w1 w2 w3 w4 w5", "w7 w3 w7 w3 w7 w3", "w2 w9 w4"]
+
+
+def _cli_generate(tmp_path, verifier, extra: list[str], name: str) -> list[list[int]]:
+    """`vllm-specdiff generate` over CLI_PROMPTS: each record's output token ids."""
+    import subprocess
+    import sys
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in CLI_PROMPTS))
+    out = tmp_path / f"{name}.jsonl"
+    cmd = [sys.executable, "-P", "-m", "vllm_specdiff.cli", "generate", "--input", str(prompts),
+           "--output", str(out), "--model", str(verifier), "--max-model-len", "256",
+           "--max-tokens", str(MAX_TOKENS), "--chunk-size", "3", "--dtype", "float32", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return [json.loads(line)["output_token_ids"] for line in out.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_a_published_checkpoint_serves_through_generate_and_serve(tmp_path, family):
+    """The two CLIs, given nothing but the checkpoint directory (`--speculative-model DIR`):
+    `generate` writes plain decoding's tokens (its own `--no-spec` run), and `serve` answers
+    token-id prompts with plain greedy decoding's words (transformers)."""
+    from .test_server import _completion, _serving
+
+    fam = FAMILIES[family]
+    verifier = write_family_verifier(tmp_path / "verifier", family, **fam["verifier"])
+    vocab = json.loads((verifier / "config.json").read_text())["vocab_size"]
+    ckpt = write_dflash(tmp_path / "dflash", family, vocab, shared_k_norm=True)
+    plain = _cli_generate(tmp_path, verifier, ["--no-spec"], "plain")
+    spec = _cli_generate(tmp_path, verifier, ["--speculative-model", str(ckpt),
+                                              "--num-speculative-tokens", str(GAMMA)], "spec")
+    assert spec == plain and all(len(t) == MAX_TOKENS for t in plain)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(verifier))
+    with _serving(verifier, ckpt, tmp_path / "server.log", {"log_interval": 0}) as served:
+        base, model, _ = served  # token-id prompts: the text is what plain greedy decodes
+        words = [_completion(base, model, p, MAX_TOKENS)["choices"][0]["text"].split()
+                 for p in PROMPTS]
+    # the server's text leaves special tokens (a random model emits <unk>) out
+    assert words == [tokenizer.decode(ids, skip_special_tokens=True).split()
+                     for ids in _greedy(verifier)]

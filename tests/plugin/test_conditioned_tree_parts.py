@@ -16,7 +16,7 @@ pytestmark = pytest.mark.vllm
 
 
 def test_path_rows_are_the_root_then_the_accepted_nodes():
-    from vllm_specdiff.plugin.conditioned_tree_runner import path_rows
+    from vllm_specdiff.plugin.conditioned_runner import path_rows
 
     # a trie at rows 10..: candidate 0 is nodes 1-4, the accepted path left it after node 1
     assert path_rows(10, [1, 5, 6, 7], 4) == [10, 11, 15, 16]
@@ -28,7 +28,7 @@ def test_path_rows_are_the_root_then_the_accepted_nodes():
 
 
 def test_the_runner_keeps_each_tries_accepted_path_for_the_states(monkeypatch):
-    from vllm_specdiff.plugin.conditioned_tree_runner import ConditionedTreeRunner
+    from vllm_specdiff.plugin.conditioned_runner import ConditionedTreeRunner
     from vllm_specdiff.plugin.tree_runner import Selection, TreeVerificationRunner
 
     committed = []
@@ -53,12 +53,17 @@ def test_the_runner_keeps_each_tries_accepted_path_for_the_states(monkeypatch):
 
 def test_the_worker_is_chosen_by_drafter_num_drafts_and_platform(monkeypatch):
     from vllm_specdiff.plugin import workers
+    from vllm_specdiff.plugin.config import SpecDiffConfig
 
     monkeypatch.setattr(workers, "reads_verifier", lambda drafter: drafter == "conditioned")
 
-    def args(drafter, k, platform):
-        return workers.worker_engine_args(SimpleNamespace(drafter=drafter, num_drafts=k),
-                                          platform)
+    def args(drafter, k, platform, best_first=False):
+        return workers.worker_engine_args(
+            SpecDiffConfig(drafter=drafter, num_drafts=k, best_first=best_first), platform)
+
+    assert args("conditioned", 1, CPU, best_first=True) == {  # a best-first tree is a trie
+        "worker_cls": workers.CPU_CONDITIONED_TREE_WORKER, "async_scheduling": False}
+    assert args("plain", 1, CUDA, best_first=True)["worker_cls"] == workers.GPU_TREE_WORKER
 
     assert args("conditioned", 2, CPU) == {
         "worker_cls": workers.CPU_CONDITIONED_TREE_WORKER, "async_scheduling": False}
@@ -77,21 +82,21 @@ def test_the_worker_is_chosen_by_drafter_num_drafts_and_platform(monkeypatch):
 def test_worker_names_resolve_and_the_mixins_come_in_order():
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    from vllm_specdiff.plugin.conditioned_runner import ConditionedRunner
-    from vllm_specdiff.plugin.conditioned_tree_runner import (
-        ConditionedTreeRunner,
-        SpecDiffConditionedTreeCPUModelRunner,
-        SpecDiffConditionedTreeCPUWorker,
-    )
-    from vllm_specdiff.plugin.conditioned_tree_runner_gpu import (
-        SpecDiffConditionedTreeGPUModelRunner,
-        SpecDiffConditionedTreeGPUWorker,
-    )
-    from vllm_specdiff.plugin.tree_runner import SpecDiffCPUModelRunner, TreeVerificationRunner
-    from vllm_specdiff.plugin.tree_runner_gpu import SpecDiffGPUModelRunner
+    from vllm_specdiff.plugin.conditioned_runner import ConditionedRunner, ConditionedTreeRunner
+    from vllm_specdiff.plugin.tree_runner import TreeVerificationRunner
     from vllm_specdiff.plugin.workers import (
         CPU_CONDITIONED_TREE_WORKER,
         GPU_CONDITIONED_TREE_WORKER,
+    )
+    from vllm_specdiff.plugin.workers_cpu import (
+        SpecDiffConditionedTreeCPUModelRunner,
+        SpecDiffConditionedTreeCPUWorker,
+        SpecDiffCPUModelRunner,
+    )
+    from vllm_specdiff.plugin.workers_cuda import (
+        SpecDiffConditionedTreeGPUModelRunner,
+        SpecDiffConditionedTreeGPUWorker,
+        SpecDiffGPUModelRunner,
     )
 
     assert resolve_obj_by_qualname(CPU_CONDITIONED_TREE_WORKER) is SpecDiffConditionedTreeCPUWorker
@@ -106,19 +111,21 @@ def test_worker_names_resolve_and_the_mixins_come_in_order():
         assert mro[1:5] == (ConditionedTreeRunner, ConditionedRunner, platform_runner,
                             TreeVerificationRunner)
         assert runner._install_tree_attention is platform_runner._install_tree_attention
+    assert SpecDiffConditionedTreeCPUWorker.runner is SpecDiffConditionedTreeCPUModelRunner
+    assert SpecDiffConditionedTreeGPUWorker.runner is SpecDiffConditionedTreeGPUModelRunner
 
 
-def test_gpu_worker_builds_the_combined_runner_and_refuses_the_v2_runner(monkeypatch):
-    from vllm_specdiff.plugin import conditioned_tree_runner_gpu as gpu
+def test_gpu_worker_builds_the_combined_runner_and_refuses_the_v2_runner():
+    from vllm_specdiff.plugin.workers_cuda import SpecDiffConditionedTreeGPUWorker as Worker
 
     built = []
-    monkeypatch.setattr(gpu, "SpecDiffConditionedTreeGPUModelRunner",
-                        lambda config, device: built.append((config, device)) or "runner")
     worker = SimpleNamespace(use_v2_model_runner=False, vllm_config="cfg",
-                             device=torch.device("cuda", 1))
-    make = gpu.SpecDiffConditionedTreeGPUWorker._make_model_runner
+                             device=torch.device("cuda", 1), serves=Worker.serves,
+                             runner=lambda config, device: built.append((config, device))
+                             or "runner")
+    make = Worker._make_model_runner
     assert make(worker) == "runner"
     assert built == [("cfg", torch.device("cuda", 1))]
     worker.use_v2_model_runner = True
-    with pytest.raises(ValueError, match="V1 model runner"):
+    with pytest.raises(ValueError, match="num_drafts > 1 needs vLLM's V1 model runner"):
         make(worker)

@@ -45,6 +45,7 @@ def model_dirs(tmp_path_factory) -> tuple[str, str]:
 def _proposer(model_dirs: tuple[str, str]):  # noqa: ANN202
     """SpecDiffProposer as vLLM's feature-capturing runner builds it (float32, drafter only)."""
     from vllm_specdiff.plugin.proposer import SpecDiffProposer
+    from vllm_specdiff.plugin.workers import RunnerSupport
 
     verifier, drafter = model_dirs
     proposer = SpecDiffProposer(SimpleNamespace(
@@ -54,7 +55,7 @@ def _proposer(model_dirs: tuple[str, str]):  # noqa: ANN202
         model_config=SimpleNamespace(model=verifier, max_model_len=128,
                                      get_vocab_size=lambda: VOCAB, skip_tokenizer_init=True),
         scheduler_config=SimpleNamespace(max_num_seqs=4)))
-    proposer.feature_runner = True
+    proposer.attach_runner(RunnerSupport(features=True))
     proposer.load_model(None)
     return proposer
 

@@ -31,42 +31,42 @@ def test_gpu_runner_puts_the_mixin_first_and_overrides_the_hook():
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
     from vllm.v1.worker.gpu_worker import Worker
 
-    from vllm_specdiff.plugin.tree_runner import TreeVerificationRunner
-    from vllm_specdiff.plugin.tree_runner_gpu import SpecDiffGPUModelRunner, SpecDiffGPUWorker
+    from vllm_specdiff.plugin.tree_runner import SpecDiffRunner, TreeVerificationRunner
+    from vllm_specdiff.plugin.workers_cuda import SpecDiffGPUModelRunner, SpecDiffGPUWorker
 
     mro = SpecDiffGPUModelRunner.__mro__
-    assert mro[1:3] == (TreeVerificationRunner, GPUModelRunner)
+    assert mro[1:4] == (TreeVerificationRunner, SpecDiffRunner, GPUModelRunner)
     for name in ("_prepare_inputs", "_sample", "initialize_kv_cache", "propose_draft_token_ids"):
         assert getattr(SpecDiffGPUModelRunner, name) is getattr(TreeVerificationRunner, name)
     assert "_install_tree_attention" in SpecDiffGPUModelRunner.__dict__
     assert issubclass(SpecDiffGPUWorker, Worker)
-    assert "_make_model_runner" in SpecDiffGPUWorker.__dict__
+    assert SpecDiffGPUWorker.runner is SpecDiffGPUModelRunner
 
 
 def test_worker_names_resolve_to_the_worker_classes():
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    from vllm_specdiff.plugin.tree_runner import SpecDiffCPUWorker
-    from vllm_specdiff.plugin.tree_runner_gpu import SpecDiffGPUWorker
     from vllm_specdiff.plugin.workers import CPU_TREE_WORKER, GPU_TREE_WORKER
+    from vllm_specdiff.plugin.workers_cpu import SpecDiffCPUWorker
+    from vllm_specdiff.plugin.workers_cuda import SpecDiffGPUWorker
 
     assert resolve_obj_by_qualname(CPU_TREE_WORKER) is SpecDiffCPUWorker
     assert resolve_obj_by_qualname(GPU_TREE_WORKER) is SpecDiffGPUWorker
 
 
-def test_gpu_worker_builds_our_runner_and_refuses_the_v2_runner(monkeypatch):
-    from vllm_specdiff.plugin import tree_runner_gpu
+def test_gpu_worker_factory_builds_the_runner_and_refuses_the_v2_runner():
+    from vllm_specdiff.plugin.workers_cuda import SpecDiffGPUWorker
 
     built = []
-    monkeypatch.setattr(tree_runner_gpu, "SpecDiffGPUModelRunner",
-                        lambda config, device: built.append((config, device)) or "runner")
     worker = SimpleNamespace(use_v2_model_runner=False, vllm_config="cfg",
-                             device=torch.device("cuda", 1))
-    make = tree_runner_gpu.SpecDiffGPUWorker._make_model_runner
+                             device=torch.device("cuda", 1), serves=SpecDiffGPUWorker.serves,
+                             runner=lambda config, device: built.append((config, device))
+                             or "runner")
+    make = SpecDiffGPUWorker._make_model_runner
     assert make(worker) == "runner"
     assert built == [("cfg", torch.device("cuda", 1))]
     worker.use_v2_model_runner = True
-    with pytest.raises(ValueError, match="V1 model runner"):
+    with pytest.raises(ValueError, match="tree verification .* V1 model runner"):
         make(worker)
 
 
@@ -81,7 +81,7 @@ def test_gpu_worker_builds_our_runner_and_refuses_the_v2_runner(monkeypatch):
 def test_gpu_runner_refuses_cuda_graphs_that_capture_attention(mode, splits_attention, error):
     from vllm.config.compilation import CUDAGraphMode
 
-    from vllm_specdiff.plugin.tree_runner_gpu import check_attention_outside_cuda_graphs
+    from vllm_specdiff.plugin.workers_cuda import check_attention_outside_cuda_graphs
 
     config = SimpleNamespace(cudagraph_mode=CUDAGraphMode[mode],
                              splitting_ops_contain_attention=lambda: splits_attention)
@@ -94,7 +94,7 @@ def test_gpu_runner_refuses_cuda_graphs_that_capture_attention(mode, splits_atte
 
 
 def test_gpu_runner_refuses_micro_batching_and_decode_context_parallelism():
-    from vllm_specdiff.plugin.tree_runner_gpu import check_parallel_config
+    from vllm_specdiff.plugin.workers_cuda import check_parallel_config
 
     check_parallel_config(SimpleNamespace(use_ubatching=False, decode_context_parallel_size=1))
     with pytest.raises(ValueError, match="micro-batching"):

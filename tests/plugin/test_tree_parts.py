@@ -37,6 +37,9 @@ def test_cache_layout_probe_reads_and_moves_what_the_kernel_wrote(dtype):
                                    k_scale=1.0, v_scale=1.0, kv_cache_dtype="auto")
     got_k, got_v = layout.gather(cache, slots)
     assert torch.equal(got_k, keys) and torch.equal(got_v, values)
+    flat_k, flat_v = layout.flat_index(heads, slots)  # what the per-forward plan reads
+    assert torch.equal(cache.view(-1)[flat_k], keys)
+    assert torch.equal(cache.view(-1)[flat_v], values)
     layout.move(cache, slots[:2], torch.tensor([100, 101]))
     moved_k, moved_v = layout.gather(cache, torch.tensor([100, 101]))
     assert torch.equal(moved_k, keys[:2]) and torch.equal(moved_v, values[:2])

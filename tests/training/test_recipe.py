@@ -185,8 +185,8 @@ def test_recipe_new_refuses_a_verifier_without_a_chat_template(qwen3, tmp_path, 
 def test_the_default_recipe_is_the_model_card_stage_list_on_committed_packs():
     r = load_recipe(DEFAULT_RECIPE)  # validates every field and that each pack is committed
     committed = {p.stem for p in (ROOT / "data").glob("*.npz")}
-    assert r.verifier == "default" and not r.new_packs()
-    assert set(r.data.packs) <= committed
+    assert r.verifier == "default" and set(r.committed_packs()) <= committed
+    assert not {p.name for _, p in r.packs_to_make()} & r.packs_read()  # test_recipe_data.py
     subsets = {s.name: s.pack for s in r.data.subsets}
     assert set(subsets.values()) <= committed
     for s in r.stages:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import re
 from dataclasses import MISSING, Field, field
 from typing import Any
 
 # Section classes by name, so a field typed "DataSpec" or "list[StageSpec]" parses as a table.
 SECTIONS: dict[str, type] = {}
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # names of packs, stages, evaluations
 
 
 class RecipeError(ValueError):
@@ -43,6 +45,29 @@ def spec(default: Any = MISSING, help: str = "", *, choices: tuple[str, ...] = (
     return field(default=default, metadata=meta)
 
 
+def all_but(base: type, drop: set[str]) -> tuple[str, ...]:
+    """`base`'s field names without `drop`: a table's share of an existing config."""
+    return tuple(f.name for f in dataclasses.fields(base) if f.name not in drop)
+
+
+def name_field(help: str) -> tuple[str, str, Any]:
+    return ("name", "str", spec(help=help))
+
+
+def check_name(kind: str, where: str, name: str, problems: list[str]) -> None:
+    if not NAME.match(name):
+        problems.append(f"{where}: {kind} names are letters, digits, '.', '_' and '-', "
+                        f"got {name!r}")
+
+
+def config_problem(where: str, make: Any, problems: list[str]) -> None:
+    """The existing config's own checks, their message placed in the recipe."""
+    try:
+        make().validate()
+    except (ValueError, TypeError) as e:
+        problems.append(f"{where}: {e}")
+
+
 def help_of(f: Field) -> str:
     return f.metadata.get("help", "")
 
@@ -59,9 +84,10 @@ def derive(name: str, base: type, fields: tuple[str, ...], *,
            defaults: dict[str, Any] | None = None,
            choices: dict[str, tuple[str, ...]] | None = None,
            minimum: dict[str, float] | None = None,
-           extra: tuple[tuple[str, str, Any], ...] = ()) -> type:
+           extra: tuple[tuple[str, str, Any], ...] = (), optional: bool = False) -> type:
     """A table made of `base`'s `fields` (their types and defaults, or `defaults`), their help
-    from the CLI's HELP, after the `extra` (name, type, spec(...)) fields."""
+    from the CLI's HELP, after the `extra` (name, type, spec(...)) fields. `optional`: every
+    field absent by default (None), for a table that overrides another one's settings."""
     from ..flag_help import HELP
 
     defaults, choices, minimum = defaults or {}, choices or {}, minimum or {}
@@ -73,12 +99,15 @@ def derive(name: str, base: type, fields: tuple[str, ...], *,
     for n in fields:
         default = defaults[n] if n in defaults else default_of(own[n])
         help = HELP.get(n, "").replace("comma-separated ", "")  # a TOML list, not a flag
-        specs.append((n, str(own[n].type), spec(default, help,
+        type_ = str(own[n].type)
+        if optional:
+            default, type_ = None, type_ if type_.endswith("| None") else f"{type_} | None"
+        specs.append((n, type_, spec(default, help,
                                                 choices=choices.get(n, ()),
                                                 minimum=minimum.get(n))))
     required = [s for s in specs if s[2].default is MISSING and s[2].default_factory is MISSING]
-    optional = [s for s in specs if s not in required]
-    return section(dataclasses.make_dataclass(name, required + optional))
+    rest = [s for s in specs if s not in required]
+    return section(dataclasses.make_dataclass(name, required + rest))
 
 
 def _where(parent: str, key: str) -> str:

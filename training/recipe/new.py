@@ -57,6 +57,10 @@ backend = "auto"
 pack = {pack}
 
 [data]
+# `generate.pack` writes each pack the run makes here (NAME.npz and .json): commit them, set the
+# pack's `committed = true`, and a fresh clone unpacks them instead of generating
+packs_dir = {packs_dir}
+
 # no committed pack fits this tokenizer: the data are requests the verifier writes itself
 [[data.self_prompts]]
 name = "self1"
@@ -165,7 +169,8 @@ def new_recipe(verifier: str | Path, output: str | Path, *, name: str | None = N
                                    add_generation_prompt=True)
     text = TEMPLATE.format(
         verifier_name=verifier.name, output_name=output.name, name=name,
-        name_toml=_toml(name), verifier=_toml(str(verifier)), layers=layers, num_taps=num_taps,
+        name_toml=_toml(name), verifier=_toml(str(verifier)), packs_dir=_toml(f"{name}-packs"),
+        layers=layers, num_taps=num_taps,
         last=max(layers - 3, 1), taps=_toml(taps), num_layers=num_layers, gamma=gamma,
         vocab_line=(f"draft_vocab_size = {LARGE_VOCAB}  # of {vocab:,} ids" if vocab > LARGE_VOCAB
                     else f"# the full head: {vocab:,} ids"),

@@ -1,11 +1,12 @@
 """`specdiff-distill recipe run`: the stages of a recipe in order, each once.
 
-The run's stages: `generate:PACK` for each new pack, `data` (committed packs and subsets),
-`features`, one per [[stages]] table (by its name), `eval` and `export`. A stage that finished
-with the same settings (its record in WORK/stages/) is skipped; one that did not runs, and the
-step it calls keeps what exists (shards, feature shards, the latest checkpoint). `--from-stage`
-and `--only` pick stages by name. The run ends with a summary: per stage done / skipped,
-seconds and outputs (also WORK/summary.json).
+The run's stages: `generate:PACK` for each new pack that is not committed (one that no stage,
+evaluation or subset reads only with `--only generate:PACK`), `data` (committed packs and
+subsets), `features`, one per [[stages]] table (by its name), `eval` and `export`. A stage that
+finished with the same settings (its record in WORK/stages/) is skipped; one that did not runs,
+and the step it calls keeps what exists (prompt files, shards, feature shards, the latest
+checkpoint). `--from-stage` and `--only` pick stages by name. The run ends with a summary: per
+stage done / skipped, seconds and outputs (also WORK/summary.json).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import packs as P
 from . import stages as S
 from .schema import NEW_PACK_STAGE, load_recipe
 from .smoke import smoke_recipe
@@ -33,29 +35,32 @@ class Step:
     name: str
     settings: Any  # what decides its outputs: changed, the stage runs again
     action: Callable[[], dict]
+    wanted: bool = True  # false: run only when --only names it (a pack nothing reads)
 
 
 def plan(ws: Workspace) -> list[Step]:
     """Every stage of the recipe, in the order they run."""
     r = ws.recipe
     steps: list[Step] = []
-    corpora: list[str] = []
-    gen = dataclasses.asdict(r.generate)
-    for kind, pack in r.new_packs():
-        settings = {"kind": kind, "pack": dataclasses.asdict(pack), "generate": gen,
-                    "earlier": list(corpora)}
+    read = r.packs_read()
+    for table, pack in r.packs_to_make():
+        settings = {"table": table, "pack": dataclasses.asdict(pack),
+                    "generate": r.generate_settings(pack), "packed": r.generate.pack,
+                    "earlier": [dataclasses.asdict(p) for p in P.earlier_corpora(r, pack)]
+                    if table == "corpus" else []}
         steps.append(Step(NEW_PACK_STAGE + pack.name, settings,
-                          functools.partial(S.make_pack, ws, kind, pack, list(corpora))))
-        if kind == "corpus":
-            corpora.append(str(ws.root / "corpus" / f"{pack.name}.jsonl"))
-    if r.data.packs or r.data.subsets:
-        steps.append(Step("data", {"packs": r.data.packs, "packs_dir": r.resolve(r.data.packs_dir),
+                          functools.partial(P.make_pack, ws, table, pack),
+                          wanted=pack.name in read))
+    if r.committed_packs() or r.data.subsets:
+        steps.append(Step("data", {"packs": r.committed_packs(),
+                                   "packs_dir": r.resolve(r.data.packs_dir),
                                    "subsets": [dataclasses.asdict(s) for s in r.data.subsets]},
-                          functools.partial(S.unpack_data, ws)))
+                          functools.partial(P.unpack_data, ws)))
     used = list(dict.fromkeys([p for s in r.stages for p in s.packs]
                               + [p for e in r.eval for p in e.packs]))
-    steps.append(Step("features", {"packs": used, "taps": r.drafter.taps},
-                      functools.partial(S.build_pack_features, ws, used)))
+    if r.drafter.conditioned:  # the other drafters read no verifier features
+        steps.append(Step("features", {"packs": used, "taps": r.drafter.taps},
+                          functools.partial(S.build_pack_features, ws, used)))
     keys: dict[str, str] = {}  # a stage's key covers the stage it starts from
     for stage in r.stages:
         settings = {"train": dataclasses.asdict(S.train_config(ws, stage)),
@@ -65,7 +70,7 @@ def plan(ws: Workspace) -> list[Step]:
     final = keys[r.final_stage().name]
     if r.eval:
         steps.append(Step("eval", {"eval": [dataclasses.asdict(e) for e in r.eval],
-                                   "generate": gen, "stage": final},
+                                   "generate": dataclasses.asdict(r.generate), "stage": final},
                           functools.partial(S.evaluate, ws)))
     steps.append(Step("export", {"export": dataclasses.asdict(r.export), "stage": final},
                       functools.partial(S.export, ws)))
@@ -80,7 +85,8 @@ def select(steps: list[Step], from_stage: str | None, only: str | None) -> list[
                              f"{', '.join(names)}")
     if only is not None:
         return [s for s in steps if s.name == only]
-    return steps[names.index(from_stage):] if from_stage is not None else steps
+    kept = steps[names.index(from_stage):] if from_stage is not None else steps
+    return [s for s in kept if s.wanted]
 
 
 def run_recipe(path: str | Path, smoke: bool = False, from_stage: str | None = None,

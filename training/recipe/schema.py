@@ -10,7 +10,6 @@ Relative paths in a recipe are relative to the recipe file's folder.
 from __future__ import annotations
 
 import dataclasses
-import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,18 +17,34 @@ from typing import Any, ClassVar
 
 from vllm_specdiff.core import DEFAULT_GAMMA
 
-from ..corpus import CorpusConfig
 from ..evaluate import EvalConfig
 from ..export import FORMATS
 from ..generate import GenerateConfig
 from ..losses import LOSSES
-from ..self_prompts import SelfPromptsConfig
+from ..model import ARCHS
 from ..trainer import TrainConfig
-from .fields import RecipeError, derive, parse_table, section, spec
+from .data_schema import (
+    GENERATE_FIELDS,
+    NEW_PACK_TABLES,
+    DataSpec,
+    GenerateSpec,
+    check_data,
+    check_soft_targets,
+)
+from .fields import (
+    RecipeError,
+    check_name,
+    config_problem,
+    derive,
+    name_field,
+    parse_table,
+    section,
+    spec,
+)
 
 DEFAULT_VERIFIER = "default"  # the project's default verifier (vllm_specdiff.models)
+CONDITIONED = "conditioned"  # the drafter arch that reads verifier features (the others: none)
 VERIFIER_START = "verifier"  # a stage that builds new drafter layers on the verifier
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 FIXED_STAGES = ("data", "features", "eval", "export")  # the run's own stages (run.py)
 NEW_PACK_STAGE = "generate:"  # prefix of the stage that makes one new pack
 
@@ -49,38 +64,9 @@ EVAL_FIELDS = ("windows_per_seq", "max_windows", "verifier_pass", "replay", "see
                "drafter_temperature", "verifier_temperature", "num_drafts")
 
 
-def _all_but(base: type, drop: set[str]) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(base) if f.name not in drop)
-
-
-def _name(help: str) -> tuple[str, str, Any]:
-    return ("name", "str", spec(help=help))
-
-
-GenerateSpec = derive(
-    "GenerateSpec", GenerateConfig, _all_but(GenerateConfig, {"verifier", "prompts", "output",
-                                                              "max_prompts"}),
-    defaults={"num_samples": 1, "temperature": 0.0, "top_logprobs": 0},
-    choices={"backend": ("auto", "vllm", "transformers")},
-    extra=(("pack", "bool", spec(False, "also write each new pack as a compact .npz (data_pack) "
-                                        "into the work directory's packs/, to commit (token "
-                                        "ids must fit uint16)")),
-           ("threads", "int", spec(1, "CPU threads of generation, features and evaluation "
-                                      "(more than one thread slows the small verifier forwards "
-                                      "of a busy CPU)", minimum=1))))
-CorpusPackSpec = derive(
-    "CorpusPackSpec", CorpusConfig, _all_but(CorpusConfig, {"output", "heldout_output",
-                                                            "num_heldout", "exclude"}),
-    extra=(_name("the pack made from this corpus: WORK/data/NAME, as stages' packs name it"),
-           ("exclude_earlier", "bool", spec(True, "repeat no prompt of the corpora listed "
-                                                  "before this one in the recipe"))))
-SelfPromptsPackSpec = derive(
-    "SelfPromptsPackSpec", SelfPromptsConfig,
-    _all_but(SelfPromptsConfig, {"verifier", "output", "backend", "dtype", "device"}),
-    extra=(_name("the pack made from these requests: WORK/data/NAME"),))
 _STAGE_OWN = (
-    _name("the stage's name: its run directory WORK/runs/NAME; later stages start from it by "
-          "this name"),
+    name_field("the stage's name: its run directory WORK/runs/NAME; later stages start from it "
+               "by this name"),
     ("start", "str", spec(help="`verifier` (new drafter layers on the verifier: its embedding, "
                                "head and sizes), the name of an earlier stage (its last "
                                "checkpoint, exported), or a drafter directory (a path with /)")),
@@ -99,7 +85,7 @@ EvalSpec = derive(
     "EvalSpec", EvalConfig, EVAL_FIELDS,
     defaults={"verifier_pass": False, "replay": True, "windows_per_seq": 32,
               "max_windows": 1280},
-    extra=(_name("the evaluation's name: WORK/eval/NAME.json"),
+    extra=(name_field("the evaluation's name: WORK/eval/NAME.json"),
            ("packs", "list[str]", spec([], "score on the held-out prompts of these packs (the "
                                            "trainer's split)")),
            ("prompts", "str | None", spec(None, "or: a prompt source (humaneval, "
@@ -112,41 +98,27 @@ EvalSpec = derive(
 @section
 @dataclass
 class DrafterSpec:
-    """[drafter]: the drafter's shape, fixed for the whole recipe."""
+    """[drafter]: the drafter's kind and shape, fixed for the whole recipe."""
 
-    taps: list[int] = spec(help="verifier layers the drafter reads (tap L = output of layer "
-                                "L); new drafters spread them from layer 1 to L-3 (DFlash), "
-                                "so they must be that spread")
+    arch: str = spec(CONDITIONED, "conditioned (reads verifier features at `taps`; exported as "
+                                  "specdiff and/or dflash) or block-causal (the standalone "
+                                  "drafter: the verifier's first layers, no features)",
+                     choices=ARCHS)
+    taps: list[int] = spec([], "conditioned: verifier layers the drafter reads (tap L = output "
+                               "of layer L); new drafters spread them from layer 1 to L-3 "
+                               "(DFlash), so they must be that spread")
     num_layers: int = spec(2, "drafter decoder layers", minimum=1)
     gamma: int = spec(DEFAULT_GAMMA, "draft tokens per block (the block is anchor + gamma)",
                       minimum=1)
     draft_vocab_size: int | None = spec(None, "a reduced head: the N verifier ids most frequent "
-                                              "in the first stage's data (absent: the full "
+                                              "in the data (conditioned: the first stage's, "
+                                              "trained with it; block-causal: the exported "
+                                              "stage's, chosen at export; absent: the full "
                                               "head)", minimum=1)
 
-
-@section
-@dataclass
-class SubsetSpec:
-    """[[data.subsets]]: the first shards of a pack, as a pack of its own (links, no copy)."""
-
-    name: str = spec(help="the new pack's name")
-    pack: str = spec(help="the pack it is cut from")
-    shards: int = spec(help="its first N shards", minimum=1)
-
-
-@section
-@dataclass
-class DataSpec:
-    """[data]: the packs the stages train on."""
-
-    packs: list[str] = spec([], "committed packs to unpack (NAME for PACKS_DIR/NAME.npz)")
-    packs_dir: str = spec("../data", "the folder of committed packs")
-    subsets: list[SubsetSpec] = spec([], "packs cut from the first shards of others")
-    corpus: list[CorpusPackSpec] = spec([], "new packs: a `corpus` of code and chat requests, "
-                                            "continued by the verifier and decontaminated")
-    self_prompts: list[SelfPromptsPackSpec] = spec(
-        [], "new packs: requests the verifier writes itself (`self-prompts`), continued by it")
+    @property
+    def conditioned(self) -> bool:
+        return self.arch == CONDITIONED
 
 
 @section
@@ -190,13 +162,36 @@ class Recipe:
         p = Path(path).expanduser()
         return str(p if p.is_absolute() else (self.base_dir / p).resolve())
 
+    def sources(self, sources: list[str]) -> list[str]:
+        """Prompt sources and folders: .jsonl files and paths resolved, built-in names kept."""
+        return [self.resolve(s) if s.endswith(".jsonl") or "/" in s else s for s in sources]
+
+    def generate_settings(self, pack: Any = None) -> dict[str, Any]:
+        """[generate] as GenerateConfig keywords, with a new pack's own settings over them."""
+        settings = {k: getattr(self.generate, k) for k in GENERATE_FIELDS}
+        own = dataclasses.asdict(pack.generate) if pack is not None else {}
+        return {**settings, **{k: v for k, v in own.items() if v is not None}}
+
     def new_packs(self) -> list[tuple[str, Any]]:
-        return [("corpus", p) for p in self.data.corpus] + \
-            [("self-prompts", p) for p in self.data.self_prompts]
+        """(table, pack) of every pack the recipe says how to make, committed ones included."""
+        return [(t, p) for t in NEW_PACK_TABLES for p in getattr(self.data, t)]
+
+    def packs_to_make(self) -> list[tuple[str, Any]]:
+        """The new packs the run makes: those not committed."""
+        return [(k, p) for k, p in self.new_packs() if not p.committed]
+
+    def committed_packs(self) -> list[str]:
+        """The packs the data stage unpacks."""
+        return [*self.data.packs, *(p.name for _, p in self.new_packs() if p.committed)]
 
     def pack_names(self) -> list[str]:
         return [*self.data.packs, *(s.name for s in self.data.subsets),
                 *(p.name for _, p in self.new_packs())]
+
+    def packs_read(self) -> set[str]:
+        """The packs a stage, an evaluation or a subset reads."""
+        return {*(p for s in self.stages for p in s.packs),
+                *(p for e in self.eval for p in e.packs), *(s.pack for s in self.data.subsets)}
 
     def final_stage(self) -> StageSpec:
         by_name = {s.name: s for s in self.stages}
@@ -234,66 +229,25 @@ def load_recipe(path: str | Path) -> Recipe:
     return parse_recipe(doc, path.resolve().parent, path.stem, str(path))
 
 
-def _named(kind: str, where: str, name: str, problems: list[str]) -> None:
-    if not NAME.match(name):
-        problems.append(f"{where}: {kind} names are letters, digits, '.', '_' and '-', "
-                        f"got {name!r}")
-
-
-def _config_problem(where: str, make: Any, problems: list[str]) -> None:
-    """The existing config's own checks, their message placed in the recipe."""
-    try:
-        make().validate()
-    except (ValueError, TypeError) as e:
-        problems.append(f"{where}: {e}")
-
-
 def _check(r: Recipe, problems: list[str]) -> None:
-    _named("recipe", "name", r.name, problems)
+    check_name("recipe", "name", r.name, problems)
     if r.verifier != DEFAULT_VERIFIER and not Path(r.resolve(r.verifier)).is_dir():
         problems.append(f"verifier: no directory {r.resolve(r.verifier)} (or `default`)")
     taps = r.drafter.taps
-    if not taps or taps != sorted(set(taps)) or min(taps) < 0:
+    if r.drafter.conditioned and (not taps or taps != sorted(set(taps)) or min(taps) < 0):
         problems.append(f"drafter.taps: distinct layer numbers >= 0 in increasing order, "
                         f"got {taps}")
-    _check_data(r, problems)
+    if not r.drafter.conditioned:
+        if taps:
+            problems.append(f"drafter.taps: a {r.drafter.arch} drafter reads no verifier "
+                            f"features; drop the taps")
+        if "dflash" in r.export.formats:
+            problems.append("export.formats: dflash exports conditioned drafters only")
+    check_data(r, problems)
     _check_stages(r, problems)
     _check_eval(r, problems)
-    gen = {k: getattr(r.generate, k) for k in _all_but(GenerateConfig, {"verifier", "prompts",
-                                                                       "output", "max_prompts"})}
-    _config_problem("generate", lambda: GenerateConfig(verifier="", prompts="", output="", **gen),
-                    problems)
-
-
-def _check_data(r: Recipe, problems: list[str]) -> None:
-    seen: dict[str, str] = {}
-    places = [(f"data.packs[{i}]", n) for i, n in enumerate(r.data.packs)]
-    places += [(f"data.subsets[{i}].name", s.name) for i, s in enumerate(r.data.subsets)]
-    places += [(f"data.corpus[{i}].name", p.name) for i, p in enumerate(r.data.corpus)]
-    places += [(f"data.self_prompts[{i}].name", p.name) for i, p in enumerate(r.data.self_prompts)]
-    for where, name in places:
-        _named("pack", where, name, problems)
-        if name in seen:
-            problems.append(f"{where}: pack {name!r} is already named by {seen[name]}")
-        seen.setdefault(name, where)
-    packs_dir = Path(r.resolve(r.data.packs_dir))
-    committed = sorted(p.stem for p in packs_dir.glob("*.npz"))
-    for i, name in enumerate(r.data.packs):
-        if not ((packs_dir / f"{name}.npz").is_file() and (packs_dir / f"{name}.json").is_file()):
-            problems.append(f"data.packs[{i}]: no committed pack {name!r} ({packs_dir}/{name}.npz "
-                            f"and .json); committed: {', '.join(committed) or 'none'}")
-    for i, s in enumerate(r.data.subsets):
-        if s.pack not in seen or seen[s.pack].startswith("data.subsets"):
-            problems.append(f"data.subsets[{i}].pack: {s.pack!r} is not a committed or new pack "
-                            f"of this recipe")
-    for kind, cls, packs in (("corpus", CorpusConfig, r.data.corpus),
-                             ("self_prompts", SelfPromptsConfig, r.data.self_prompts)):
-        for i, p in enumerate(packs):
-            kw = {f.name: getattr(p, f.name) for f in dataclasses.fields(cls)
-                  if hasattr(p, f.name)}
-            extra = {"verifier": ""} if cls is SelfPromptsConfig else {}
-            _config_problem(f"data.{kind}[{i}]", lambda cls=cls, kw=kw, extra=extra:
-                            cls(**{**kw, **extra, "output": ""}), problems)
+    config_problem("generate", lambda: GenerateConfig(verifier="", prompts="", output="",
+                                                       **r.generate_settings()), problems)
 
 
 def _check_stages(r: Recipe, problems: list[str]) -> None:
@@ -302,7 +256,7 @@ def _check_stages(r: Recipe, problems: list[str]) -> None:
     packs, earlier = set(r.pack_names()), []
     for i, s in enumerate(r.stages):
         where = f"stages[{i}]"
-        _named("stage", f"{where}.name", s.name, problems)
+        check_name("stage", f"{where}.name", s.name, problems)
         if s.name in earlier:
             problems.append(f"{where}.name: stage {s.name!r} is defined twice")
         if s.name in FIXED_STAGES or s.name == VERIFIER_START or ":" in s.name:
@@ -320,9 +274,10 @@ def _check_stages(r: Recipe, problems: list[str]) -> None:
             if p not in packs:
                 problems.append(f"{where}.packs[{j}]: unknown pack {p!r}; this recipe's packs: "
                                 f"{', '.join(sorted(packs)) or 'none'}")
+        check_soft_targets(r, where, s.packs, problems)
         kw = {k: getattr(s, k) for k in TRAIN_FIELDS}
-        _config_problem(where, lambda kw=kw: TrainConfig(
-            data="d", output="o", arch="conditioned", init_from="v", gamma=r.drafter.gamma,
+        config_problem(where, lambda kw=kw: TrainConfig(
+            data="d", output="o", arch=r.drafter.arch, init_from="v", gamma=r.drafter.gamma,
             num_layers=r.drafter.num_layers, **kw), problems)
         earlier.append(s.name)
     if r.export.stage is not None and r.export.stage not in earlier:
@@ -336,7 +291,7 @@ def _check_eval(r: Recipe, problems: list[str]) -> None:
     packs, names = set(r.pack_names()), set()
     for i, e in enumerate(r.eval):
         where = f"eval[{i}]"
-        _named("evaluation", f"{where}.name", e.name, problems)
+        check_name("evaluation", f"{where}.name", e.name, problems)
         if e.name in names:
             problems.append(f"{where}.name: evaluation {e.name!r} is defined twice")
         names.add(e.name)
@@ -345,6 +300,7 @@ def _check_eval(r: Recipe, problems: list[str]) -> None:
         for j, p in enumerate(e.packs):
             if p not in packs:
                 problems.append(f"{where}.packs[{j}]: unknown pack {p!r}")
+        check_soft_targets(r, where, e.packs, problems)
         kw = {k: getattr(e, k) for k in EVAL_FIELDS}
-        _config_problem(where, lambda kw=kw: EvalConfig(data="d", verifier="v", candidates=["c"],
+        config_problem(where, lambda kw=kw: EvalConfig(data="d", verifier="v", candidates=["c"],
                                                         gamma=r.drafter.gamma, **kw), problems)

@@ -88,18 +88,18 @@ class Workspace:
         config = read_config(self.verifier)
         layers = int(config["num_hidden_layers"])
         taps = list(r.drafter.taps)
-        spread = list(spread_taps(layers, len(taps)))
-        if any(s.start == VERIFIER_START for s in r.stages) and taps != spread:
+        spread = list(spread_taps(layers, len(taps))) if r.drafter.conditioned else taps
+        if taps != spread and any(s.start == VERIFIER_START for s in r.stages):
             problems.append(f"drafter.taps: a new drafter reads {len(taps)} taps spread from "
                             f"layer 1 to {layers - 3} of this {layers}-layer verifier, {spread}; "
                             f"got {taps}")
         for i, s in enumerate(r.stages):
-            if "/" in s.start:
+            if "/" in s.start and r.drafter.conditioned:
                 have = list(read_config(r.resolve(s.start)).get("target_layer_ids", []))
                 if have != taps:
                     problems.append(f"stages[{i}].start: that drafter reads taps {have}, the "
                                     f"recipe's drafter.taps are {taps}")
-        generates = bool(r.new_packs()) or any(e.prompts for e in r.eval)
+        generates = bool(r.packs_to_make()) or any(e.prompts for e in r.eval)
         if generates or r.generate.pack:
             from transformers import AutoTokenizer
 

@@ -13,6 +13,7 @@ from vllm_specdiff.adaptive.estimators import (
     expected_tokens,
 )
 from vllm_specdiff.adaptive.params import DRAFT_MARGIN, PARAMS, AdaptiveParams
+from vllm_specdiff.adaptive.shape import ShapeChoice
 
 __all__ = [
     "DRAFT_MARGIN",
@@ -24,6 +25,7 @@ __all__ = [
     "ForgettingLine",
     "Plan",
     "Refills",
+    "ShapeChoice",
     "TailCredit",
     "VerifierCost",
     "choose",

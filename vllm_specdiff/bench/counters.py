@@ -19,7 +19,8 @@ def _add_lists(a: list[int], b: list[int], sign: int = 1) -> list[int]:
 class ProposerCounts:
     """The SpecDiff proposer's own counters (all zero for other methods): drafter time and
     calls, rows drafted (by the drafter or by prompt lookup) and by lookup, and adaptive
-    drafting's histograms of chosen drafter and lookup lengths ([] when it is off)."""
+    drafting's histograms of chosen drafter and lookup lengths ([] when it is off), and with
+    best-first trees under adaptive drafting the steps that drafted each shape ({} otherwise)."""
 
     drafter_seconds: float = 0.0
     propose_calls: int = 0
@@ -27,15 +28,18 @@ class ProposerCounts:
     lookup_drafts: int = 0
     gamma_histogram: list[int] = field(default_factory=list)
     lookup_gamma_histogram: list[int] = field(default_factory=list)
+    shape_steps: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def of(cls, proposer: dict[str, Any]) -> ProposerCounts:
         adaptive = proposer.get("adaptive") or {}
+        shapes = (proposer.get("tree") or {}).get("shapes") or {}
         return cls(float(proposer.get("drafter_seconds", 0.0)),
                    int(proposer.get("propose_calls", 0)), int(proposer.get("drafted_rows", 0)),
                    int(proposer.get("lookup_drafts", 0)),
                    list(adaptive.get("chosen_gamma_histogram") or []),
-                   list(adaptive.get("lookup_gamma_histogram") or []))
+                   list(adaptive.get("lookup_gamma_histogram") or []),
+                   dict(shapes.get("steps") or {}))
 
     def plus(self, other: ProposerCounts, sign: int = 1) -> ProposerCounts:
         return ProposerCounts(
@@ -44,7 +48,9 @@ class ProposerCounts:
             self.drafted_rows + sign * other.drafted_rows,
             self.lookup_drafts + sign * other.lookup_drafts,
             _add_lists(self.gamma_histogram, other.gamma_histogram, sign),
-            _add_lists(self.lookup_gamma_histogram, other.lookup_gamma_histogram, sign))
+            _add_lists(self.lookup_gamma_histogram, other.lookup_gamma_histogram, sign),
+            {k: self.shape_steps.get(k, 0) + sign * other.shape_steps.get(k, 0)
+             for k in {*self.shape_steps, *other.shape_steps}})
 
 
 COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")

@@ -283,6 +283,7 @@ def summarize(method: Method, runs: list[Run], plain_runs: list[Run],
         "lookup_gamma_histogram": proposer.lookup_gamma_histogram or None,
         "lookup_share_of_drafts": round(proposer.lookup_drafts / proposer.drafted_rows, 4)
         if proposer.drafted_rows else None,
+        "draft_shape_steps": dict(sorted(proposer.shape_steps.items())) or None,
         "identical_to_plain": (not bad) if temperature == 0 else None,
         "mismatched_prompts": bad,
     }

@@ -49,8 +49,9 @@ class SpecDecodeStats:
             for j in range(a):
                 self.position_accepted[j] += 1
         if selected is not None:
-            _grow(self.chosen_draft_histogram, num_drafts)
             chosen = selected.tolist() if isinstance(selected, torch.Tensor) else selected
+            # a best-first tree has as many candidates as leaves
+            _grow(self.chosen_draft_histogram, max([num_drafts, *(int(k) + 1 for k in chosen)]))
             for k in chosen:
                 self.chosen_draft_histogram[int(k)] += 1
 

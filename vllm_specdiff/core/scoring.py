@@ -32,6 +32,14 @@ def expected_streak(log_a: torch.Tensor) -> torch.Tensor:
     return log_a.float().cumsum(dim=-1).exp().sum(dim=-1)
 
 
+def streak_within(log_a: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """tau [..., K] of candidates of different lengths (log_a [..., K, G] padded past each
+    candidate's `lengths` [K]): the padding scores nothing."""
+    positions = torch.arange(log_a.shape[-1], device=log_a.device)
+    inside = positions < lengths.to(log_a.device).unsqueeze(-1)
+    return expected_streak(torch.where(inside, log_a.float(), float("-inf")))
+
+
 def node_logprobs_torch(node_logits: torch.Tensor, node_temperature: torch.Tensor,
                         node_tokens: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
     """[N] log p(token of node i | path to its parent); 0 for roots (nothing to score).

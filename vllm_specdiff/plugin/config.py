@@ -130,6 +130,19 @@ class SpecDiffConfig:
                 "logprobs (or `logprob_token_ids`), `min_p`, `logit_bias`, `allowed_token_ids`, "
                 "`min_tokens` or a thinking budget, and every request of an engine with custom "
                 "logits processors, commit as `\"tau\"` (docs/vllm.md, \"Self-selection\")")
+    best_first: bool = option(
+        False, "draft a best-first tree of up to num_speculative_tokens nodes from one drafter "
+               "forward instead of a chain",
+        details="DDTree's construction (`core/best_first.py`): the most probable prefixes "
+                "under the product of the drafter's per-position marginals (temperature 1), "
+                "as deep as the drafter's block. A confident drafter's tree is its argmax "
+                "chain; an unsure one spends the verified tokens on the likeliest siblings. "
+                "Needs the tree-verifying worker (added by `specdiff_engine_args` and the "
+                "CLIs) and `num_drafts` = 1; the tree commits by the tree walk (lossless at any "
+                "temperature), requests the walk cannot serve exactly by the best path's tau, "
+                "and rows with a prompt-lookup match still draft their lookup chain. With "
+                "`adaptive`, the node budget is chosen per step as a chain's length is "
+                "(docs/vllm.md, \"Best-first trees\")")
     max_tree_tokens: int = option(
         DEFAULT_MAX_TREE_TOKENS,
         "verifier tokens per request and step for num_drafts > 1, root included", minimum=2,
@@ -171,6 +184,17 @@ class SpecDiffConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def verifies_trees(self) -> bool:
+        """Whether requests are verified as tries (the tree-verifying worker's job)."""
+        return self.num_drafts > 1 or self.best_first
+
+    @property
+    def walks_trees(self) -> bool:
+        """Whether a trie commits by the tree walk: with selection "tree", and always for a
+        best-first tree (tau would commit one of its paths; the walk tries them all)."""
+        return self.selection == "tree" or self.best_first
 
 
 @dataclass(frozen=True)
@@ -345,7 +369,11 @@ def _check_together(c: SpecDiffConfig, gamma: int | None, given: dict[str, str])
     if gamma is not None and c.steps > gamma:
         raise ValueError(f"{_opt('steps')}={c.steps} exceeds num_speculative_tokens={gamma}")
     check_paths(c.drafter, c.lora)
-    if gamma is not None and c.drafter is not None:
+    if c.best_first and c.num_drafts > 1:
+        raise ValueError(f"{_opt('best_first')} grows one tree from the drafter's marginals; it "
+                         f"replaces {k}={c.num_drafts} sampled drafts: give one of them")
+    if gamma is not None and c.drafter is not None and not c.best_first:
+        # (a best-first tree's nodes are num_speculative_tokens; its depth stops at the block)
         from vllm_specdiff.drafter.loading import check_block_fits
 
         _checked("drafter", check_block_fits, c.drafter, gamma)

@@ -27,11 +27,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from vllm_specdiff.adaptive import AdaptiveDrafting
+from vllm_specdiff.adaptive import AdaptiveDrafting, ShapeChoice
 from vllm_specdiff.core import SpecDecodeStats, draft_marginals, sample_drafts
 from vllm_specdiff.core.candidates import candidate_drafts, lookup_continuations, ngram_draft
 from vllm_specdiff.core.datastore import Datastore
-from vllm_specdiff.core.trie import RequestTrie, build_request_trie
+from vllm_specdiff.core.trie import RequestTrie, best_first_drafts, build_request_trie
 from vllm_specdiff.plugin.config import (
     SpecDiffConfig,
     check_drafter_for,
@@ -40,10 +40,17 @@ from vllm_specdiff.plugin.config import (
 )
 from vllm_specdiff.plugin.proposer_adaptive import AdaptiveLengths
 from vllm_specdiff.plugin.proposer_conditioned import ConditionedContexts
-from vllm_specdiff.plugin.proposer_rows import Pending, Row, signature
+from vllm_specdiff.plugin.proposer_rows import (
+    Pending,
+    Row,
+    StepRows,
+    match_rows,
+    remember,
+)
 from vllm_specdiff.plugin.proposer_stats import ProposerStats, specdiff_logger
 from vllm_specdiff.plugin.vllm_plugin import install_vllm_fixes
 from vllm_specdiff.plugin.workers import (
+    RunnerSupport,
     conditioned_tree_worker,
     conditioned_worker,
     reads_verifier,
@@ -124,39 +131,64 @@ class SpecDiffProposer(ConditionedContexts, AdaptiveLengths, ProposerStats):
             lookup=self.lookup_enabled,
             margin=self.config.draft_margin,
             refill_ratio=self.config.refill_ratio) if self.config.adaptive else None
+        # best-first trees: whether a step drafts the tree or the chain, measured (adaptive)
+        self.shape_choice = ShapeChoice() if self.config.best_first and self.config.adaptive \
+            else None
+        self._shape = "tree"
+        self._shape_step: tuple[str, float] | None = None  # last step's shape, its seconds
         self._lock = threading.Lock()
         self._last_log = time.monotonic()
         self._logged = (0, 0.0, 0)
-        # Tree verification (K > 1): the runner that verifies tries turns it on, says which rows
-        # may get one (others get the argmax draft) and reads back each row's trie.
-        self.trees_enabled = False
-        self.tree_rows: np.ndarray | None = None
-        self.last_tries: list[RequestTrie | None] = []
+        # What the model runner serves (`attach_runner`; vLLM's own runner: neither tries nor
+        # the verifier's states). A tree-verifying one says per step which rows may get a trie
+        # (`set_tree_rows`; the others get a chain) and reads back each row's (`take_tries`).
+        self.runner_support = RunnerSupport()
+        self._tree_rows: np.ndarray | None = None
+        self._tries: list[RequestTrie | None] = []
         self.tree_stats = SpecDecodeStats()
         self.chosen_sources: dict[str, int] = {}
         self.tau_chosen = 0.0
         self.tau_all = 0.0
         self.tree_walks = self.tree_walks_several = 0  # selection "tree": walked steps
-        # A drafter that reads the verifier (conditioned_runner.py): the runner marks itself
-        # (feature_runner), captures `feature_taps` and feeds each request's committed states.
-        self.feature_runner = False
-        self.feature_taps: tuple[int, ...] = ()
+        # A drafter that reads the verifier: its runner (conditioned_runner.py) captures the
+        # layers of `verifier_taps()` and feeds each request's committed states.
         self.contexts = None
         self._row_requests: list[str] = []
+
+    # ---- the runner's hand-off ------------------------------------------------------------------
+    def attach_runner(self, support: RunnerSupport) -> None:
+        """Once, before `load_model`, from the SpecDiff model runner vLLM built this proposer in
+        (`tree_runner.SpecDiffRunner`): what that runner serves. `load_model` refuses a
+        configuration it cannot serve, naming the worker that can."""
+        if self.drafter is not None:
+            raise RuntimeError("SpecDiffProposer.attach_runner called after load_model")
+        self.runner_support = support
+
+    def set_tree_rows(self, rows: np.ndarray) -> None:
+        """Before a step's `propose` (tree-verifying runner): per batch row, whether its request
+        may be verified as a trie; the other rows get a chain. Holds for that call only."""
+        self._tree_rows = np.asarray(rows, dtype=bool)
+
+    def take_tries(self) -> list[RequestTrie | None]:
+        """After a step's `propose` (tree-verifying runner): per batch row, the trie whose nodes
+        are its draft tokens (None: a chain, or no draft); each step's are handed over once."""
+        tries, self._tries = self._tries, []
+        return tries
 
     # ---- vLLM interface -------------------------------------------------------------------------
     def load_model(self, target_model: Any = None, *args: Any, **kwargs: Any) -> None:
         """Load the drafter next to the verifier (vLLM calls this after loading the target)."""
         from vllm_specdiff.drafter import load_drafter
 
-        if self.config.num_drafts > 1 and not self.trees_enabled:
+        if self.config.verifies_trees and not self.runner_support.trees:
             # a conditioned drafter's tree worker also captures the verifier's states
             worker = conditioned_tree_worker() if reads_verifier(self.config.drafter) \
                 else tree_worker()
-            raise ValueError(f"additional_config['specdiff']['num_drafts'] = "
-                             f"{self.config.num_drafts} needs the "
-                             f"tree-verifying worker: add worker_cls={worker!r} "
-                             f"(--worker-cls {worker})")
+            what = "best_first = true" if self.config.best_first \
+                else f"num_drafts = {self.config.num_drafts}"
+            raise ValueError(f"additional_config['specdiff']['{what.split()[0]}']: {what} "
+                             "needs the tree-verifying worker: add "
+                             f"worker_cls={worker!r} (--worker-cls {worker})")
         device = torch.device("cpu")
         if isinstance(target_model, torch.nn.Module):
             param = next(target_model.parameters(), None)
@@ -169,7 +201,7 @@ class SpecDiffProposer(ConditionedContexts, AdaptiveLengths, ProposerStats):
             path = str(prepare_drafter())
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
         conditioned = reads_verifier(path)
-        if conditioned and not self.feature_runner:
+        if conditioned and not self.runner_support.features:
             worker = conditioned_tree_worker() if self.config.num_drafts > 1 \
                 else conditioned_worker()
             raise ValueError(f"the drafter {path} reads the verifier's hidden states and needs "
@@ -183,10 +215,12 @@ class SpecDiffProposer(ConditionedContexts, AdaptiveLengths, ProposerStats):
             verifier_tokenizer=verifier_tokenizer(self.model_config),
             cache_bytes=self.config.cache_bytes, quantize=self.config.quantize,
             verifier=str(self.model_config.model))
-        if conditioned and self.gamma > self.drafter.cfg.gamma:
+        if conditioned and self.gamma > self.drafter.cfg.gamma and not self.config.best_first:
             raise ValueError(f"num_speculative_tokens = {self.gamma} exceeds the block of the "
                              f"conditioned drafter {path} ({self.drafter.cfg.gamma} draft "
                              "tokens per forward)")
+        # a best-first tree's nodes are gamma; its depth stops at the drafter's block
+        self.tree_depth = min(self.gamma, self.drafter.cfg.gamma) if conditioned else self.gamma
         if conditioned:
             self._load_contexts()
         self._check_positions()
@@ -243,46 +277,53 @@ class SpecDiffProposer(ConditionedContexts, AdaptiveLengths, ProposerStats):
         """One draft per row whose request just sampled tokens; [] for the others.
 
         token_ids_cpu[i, :num_tokens_no_spec[i]] is row i's committed sequence (prompt plus
-        output, the tokens sampled this step included).
+        output, the tokens sampled this step included). Five steps: match the rows to what the
+        last step left (`match_rows`, whose outcome the controller observes), look up
+        continuations, plan each row's length (`_draft_lengths`), draft (`_fill_drafts`) and
+        remember what the next step needs (`remember`).
         """
         if self.drafter is None:
             raise RuntimeError("SpecDiffProposer.propose called before load_model")
         start = self.clock()
-        num_rows = len(sampled_token_ids)
-        drafts: list[list[int]] = [[] for _ in range(num_rows)]
-        self.last_tries = [None] * num_rows
-        decoded: list[Row] = []
-        accepted, depths, from_lookup = [], [], []
-        verified: int | None = 0  # verifier tokens of this step; None: it also prefilled
-        arrived = 0  # rows that are new this step
-        for i, sampled in enumerate(sampled_token_ids):
-            if not sampled:
-                verified = None  # partial prefill chunk or discarded request: nothing to extend
-                continue
-            n = int(num_tokens_no_spec[i])
-            context = token_ids_cpu[i, :n]
-            same = self._pending.get(signature(context[: n - len(sampled)]))
-            prev = same.pop() if same else None
-            if prev is None:
-                verified = None  # a new or resumed request: this step ran its prefill
-                arrived += 1
-            else:
-                verified = None if verified is None else verified + 1 + prev.tokens
-                if prev.depth:
-                    accepted.append(min(len(sampled) - 1, prev.depth))
-                    depths.append(prev.depth)
-                    from_lookup.append(prev.lookup)
-            room = min(self.gamma, self.max_model_len - n, self.drafter.draft_room(n))
-            decoded.append(Row(i, np.asarray(context), max(room, 0),
-                                0 if prev is None else prev.drafted_upto,
-                                n if prev is None else prev.start))
-        departed = sum(len(left) for left in self._pending.values())
-        self._pending.clear()  # rows not seen this step finished or were preempted
+        tree_rows, self._tree_rows = self._tree_rows, None
+        step = match_rows(self._pending, sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
+                          self._room)
+        self._observe_step(step, sum(len(s) for s in sampled_token_ids), start)
+        found, retrieved = self._lookups(step.decoded)
+        lengths = self._draft_lengths(step.decoded, start, step.verified, found)
+        drafts, by_lookup, drafter_rows, encoded = self._fill_drafts(
+            step.decoded, lengths, found, tree_rows, len(sampled_token_ids))
+        remember(self._pending, step.decoded, lengths, drafts, drafter_rows, by_lookup)
+        elapsed = self.clock() - start
+        self._shape_step = (self._shape, elapsed) if drafter_rows else None
+        self._observe_call(encoded, elapsed)
+        self._count_step(sum(1 for n in lengths if n), len(by_lookup),
+                         len(by_lookup & retrieved), bool(drafter_rows), elapsed)
+        self._maybe_log()
+        return drafts
+
+    def _room(self, n: int) -> int:
+        """The most draft tokens after a context of n tokens (gamma, max_model_len and the
+        drafter's positions)."""
+        return min(self.gamma, self.max_model_len - n, self.drafter.draft_room(n))
+
+    def _observe_step(self, step: StepRows, committed: int, start: float) -> None:
+        """What the verifier step that just ran tells the controller: rows that arrived and
+        departed, accepted counts, and (best-first trees) the committed tokens of its shape."""
         if self.adaptive is not None:
-            self.adaptive.observe_rows(len(decoded) - arrived, departed, arrived)
-        self._record_accepted(accepted, depths, from_lookup)
-        found, retrieved = self._lookups(decoded)
-        lengths = self._draft_lengths(decoded, start, verified, found)
+            self.adaptive.observe_rows(len(step.decoded) - step.arrived, step.departed,
+                                       step.arrived)
+        self._record_accepted(step.accepted, step.depths, step.from_lookup)
+        self._observe_shape(committed, start, step.verified)
+
+    def _fill_drafts(self, decoded: list[Row], lengths: list[int],
+                     found: dict[int, np.ndarray], tree_rows: np.ndarray | None, num_rows: int
+                     ) -> tuple[list[list[int]], set[int], set[int], int]:
+        """Step 4 of `propose`: each row's draft, the lookup continuation where its length
+        went to one, else the drafter's (a trie where the runner allows one). Returns the
+        drafts, the rows drafted by lookup and by the drafter, and the tokens it encoded."""
+        drafts: list[list[int]] = [[] for _ in range(num_rows)]
+        self._tries = [None] * num_rows
         by_lookup = {row.index for row, n in zip(decoded, lengths, strict=True)
                      if n and row.index in found}
         rows = []
@@ -293,31 +334,20 @@ class SpecDiffProposer(ConditionedContexts, AdaptiveLengths, ProposerStats):
                 rows.append((row, length))
         encoded = 0
         drafter_rows: set[int] = set()
-        if rows:
-            allowed = [self.tree_rows is None or bool(self.tree_rows[r.index]) for r, _ in rows]
-            contexts = [torch.from_numpy(np.asarray(r.context, dtype=np.int64)) for r, _ in rows]
-            tokens, tries = self._draft(contexts, [n for _, n in rows], allowed,
-                                        [r.index for r, _ in rows])
-            for (row, n), draft, trie in zip(rows, tokens, tries, strict=True):
-                drafts[row.index] = draft
-                self.last_tries[row.index] = trie
-                encoded += self._encoded(row) + n
-                drafter_rows.add(row.index)
-            self._observe_full_tokens(drafts, rows)
-        for row, length in zip(decoded, lengths, strict=True):
-            n = int(row.context.shape[0])
-            # a lookup draft may be shorter than its length; a trie has more nodes than depth
-            depth = min(length, len(drafts[row.index]))
-            self._pending.setdefault(signature(row.context), []).append(Pending(
-                depth, len(drafts[row.index]),
-                n if row.index in drafter_rows else row.drafted_upto, row.start,
-                lookup=row.index in by_lookup))
-        elapsed = self.clock() - start
-        self._observe_call(encoded, elapsed)
-        self._count_step(sum(1 for n in lengths if n), len(by_lookup),
-                         len(by_lookup & retrieved), bool(drafter_rows), elapsed)
-        self._maybe_log()
-        return drafts
+        if not rows:
+            return drafts, by_lookup, drafter_rows, encoded
+        self._shape = self._shape_now()
+        allowed = [tree_rows is None or bool(tree_rows[r.index]) for r, _ in rows]
+        contexts = [torch.from_numpy(np.asarray(r.context, dtype=np.int64)) for r, _ in rows]
+        tokens, tries = self._draft(contexts, [n for _, n in rows], allowed,
+                                    [r.index for r, _ in rows])
+        for (row, n), draft, trie in zip(rows, tokens, tries, strict=True):
+            drafts[row.index] = draft
+            self._tries[row.index] = trie
+            encoded += self._encoded(row) + n
+            drafter_rows.add(row.index)
+        self._observe_full_tokens(drafts, rows)
+        return drafts, by_lookup, drafter_rows, encoded
 
     # ---- drafting -------------------------------------------------------------------------------
     def _lookups(self, decoded: list[Row]) -> tuple[dict[int, np.ndarray], set[int]]:
@@ -350,12 +380,21 @@ class SpecDiffProposer(ConditionedContexts, AdaptiveLengths, ProposerStats):
         self._catch_up(indices)
         for length in sorted(set(lengths), reverse=True):
             group = [j for j, n in enumerate(lengths) if n == length]
+            # a best-first tree of `length` nodes reaches at most tree_depth positions deep
+            window = min(length, self.tree_depth) if self.config.best_first else length
             if self.contexts is not None:
                 logits = self._conditioned_logits([contexts[j] for j in group],
-                                                  [indices[j] for j in group], length)
+                                                  [indices[j] for j in group], window)
             else:
-                logits = self.drafter.draft_logits([contexts[j] for j in group], length,
-                                                   steps=min(self.config.steps, length))
+                logits = self.drafter.draft_logits([contexts[j] for j in group], window,
+                                                   steps=min(self.config.steps, window))
+            if self.config.best_first:  # trees where the runner allows and the shape pays
+                tree = self._shape == "tree"
+                drafted = best_first_drafts(logits, [int(contexts[j][-1]) for j in group],
+                                            [tree and allowed[j] for j in group], length)
+                for j, (draft, trie) in zip(group, drafted, strict=True):
+                    out[j], tries[j] = draft, trie
+                continue
             if self.config.num_drafts > 1:
                 self._tree_drafts(logits, group, contexts, allowed, out, tries)
                 continue

@@ -23,6 +23,8 @@ class AdaptiveLengths:
     adaptive: Any
     tp_size: int
     stats: Any
+    shape_choice: Any
+    _shape_step: tuple[str, float] | None
     _last_end: float | None
 
     def _draft_lengths(self, decoded: list[Row], start: float, verified: int | None,
@@ -88,6 +90,31 @@ class AdaptiveLengths:
             else:
                 self.adaptive.observe_overhead(elapsed)
         self._last_end = self.clock()
+
+    def _shape_now(self) -> str:
+        """This step's draft shape with best-first trees: the tree without adaptive drafting,
+        else the measured choice; with tensor parallelism rank 0's for every rank, whose tries
+        must be the same."""
+        if self.shape_choice is None:
+            return "tree"
+        if self.tp_size == 1:
+            return self.shape_choice.choose()
+        from vllm.distributed import get_tp_group
+
+        group = get_tp_group()
+        shape = self.shape_choice.choose() if group.rank_in_group == 0 else None
+        return group.broadcast_object(shape, src=0)
+
+    def _observe_shape(self, committed: int, start: float, verified: int | None) -> None:
+        """With best-first trees under adaptive drafting: the last step's committed tokens and
+        seconds (its verifier step and its drafting) for the shape it drafted. Steps that also
+        prefilled, or drafted nothing with the drafter, tell nothing about a shape."""
+        last, self._shape_step = self._shape_step, None
+        if self.shape_choice is None or last is None or verified is None \
+                or self._last_end is None:
+            return
+        shape, drafting = last
+        self.shape_choice.observe(shape, committed, start - self._last_end + drafting)
 
     def _record_accepted(self, accepted: list[int], depths: list[int],
                          from_lookup: list[bool]) -> None:

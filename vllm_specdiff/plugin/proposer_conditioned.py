@@ -35,15 +35,19 @@ class ConditionedContexts:
     _lock: threading.Lock
     drafter_seconds: float
     contexts: ConditionedContextCache | None
-    feature_taps: tuple[int, ...]
     _row_requests: list[str]
     _filed_seconds: float
 
     def _load_contexts(self) -> None:
-        """The context cache of the loaded drafter, and the verifier layers the runner taps."""
+        """The context cache of the loaded drafter."""
         self.contexts = ConditionedContextCache(
             self.drafter, self.config.cache_bytes or DEFAULT_CACHE_BYTES)
-        self.feature_taps = self.drafter.feature_taps
+
+    def verifier_taps(self) -> tuple[int, ...]:
+        """After `load_model`, for the feature-capturing runner: the verifier layers whose
+        outputs the drafter reads (DFlash's numbering: tap L is the output of layer L); () for a
+        drafter that reads token ids only."""
+        return tuple(self.drafter.feature_taps) if self.contexts is not None else ()
 
     def _warm_up_contexts(self, context: torch.Tensor) -> None:
         """One throwaway draft from a dummy context of zero features (projection included), left

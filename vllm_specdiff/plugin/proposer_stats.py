@@ -28,6 +28,7 @@ class ProposerStats:
     drafter: Any
     drafter_path: str | None
     adaptive: Any
+    shape_choice: Any
 
     def record_tree_steps(self, accepted: list[int], selected: list[int], sources: list[str],
                           tau_chosen: list[float], tau_mean: list[float], walked: int = 0,
@@ -98,14 +99,16 @@ class ProposerStats:
             out["context_bytes"] = contexts.nbytes
             out["context_prefix_hits"] = contexts.prefix_hits
             out["context_projected_rows"] = contexts.projected_rows  # deferred ones once drafted
-        if self.config.num_drafts > 1:
+        if self.config.verifies_trees:
             steps = self.tree_stats.steps
             out["tree"] = {**self.tree_stats.to_dict(),
                            "chosen_sources": dict(self.chosen_sources),
                            "mean_tau_chosen": self.tau_chosen / steps if steps else 0.0,
                            "mean_tau_all": self.tau_all / steps if steps else 0.0,
                            "tree_walk_steps": self.tree_walks,
-                           "tree_walk_steps_trying_several_children": self.tree_walks_several}
+                           "tree_walk_steps_trying_several_children": self.tree_walks_several,
+                           "shapes": None if self.shape_choice is None
+                           else self.shape_choice.stats()}
         if self.drafter is not None:
             out["drafter_cache"] = self.drafter.cache_stats()
             out["quantization"] = self.drafter.quantization
@@ -143,11 +146,12 @@ class ProposerStats:
             "(%d verify steps), cache %s",
             1000.0 * d_secs / max(d_calls, 1), d_calls, self.stats.mean_accepted_length,
             self.gamma, steps, self.drafter.cache_stats() if self.drafter is not None else {})
-        if self.config.num_drafts > 1:
+        if self.config.verifies_trees:
             tree = self.tree_stats
             specdiff_logger().info(
-                "SpecDiff self-selection (K=%d): %d trie steps, mean accepted length %.2f, "
-                "chosen %s, mean tau chosen %.2f vs all %.2f", self.config.num_drafts,
+                "SpecDiff self-selection (%s): %d trie steps, mean accepted length %.2f, "
+                "chosen %s, mean tau chosen %.2f vs all %.2f",
+                "best-first" if self.config.best_first else f"K={self.config.num_drafts}",
                 tree.steps,
                 tree.mean_accepted_length, self.chosen_sources,
                 self.tau_chosen / max(tree.steps, 1), self.tau_all / max(tree.steps, 1))

@@ -73,6 +73,17 @@ class CacheLayout:
         offsets = slots % self.block_size
         return blocks, self.key_index[offsets], self.value_index[offsets]
 
+    def flat_index(self, num_heads: int, slots: torch.Tensor
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Offsets [len(slots), heads, head_dim] of the K and V stored at the given slots in a
+        contiguous cache of `num_heads` KV heads flattened: the same for every layer, so a
+        forward computes them once and each layer gathers with one indexing."""
+        blocks, k_idx, v_idx = self._locate(slots.long())
+        region = 2 * self.block_size * self.head_dim
+        base = (blocks.view(-1, 1, 1) * num_heads + torch.arange(num_heads).view(1, -1, 1)) \
+            * region
+        return base + k_idx.unsqueeze(1), base + v_idx.unsqueeze(1)
+
     def gather(self, kv_cache: torch.Tensor, slots: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V [len(slots), kv_heads, head_dim] stored at the given slots."""
@@ -106,23 +117,34 @@ class TreeRequest:
     mask: torch.Tensor  # [num_nodes, num_nodes] bool
 
 
+def prefix_and_ancestors(prefix_len: int, mask: torch.Tensor) -> torch.Tensor:
+    """[n, prefix_len + n] bool: what each of n trie nodes attends to (the whole prefix, then
+    its ancestors and itself)."""
+    n = mask.shape[0]
+    return torch.cat([torch.ones(n, prefix_len, dtype=torch.bool, device=mask.device), mask],
+                     dim=1)
+
+
 def tree_attention(query: torch.Tensor, node_keys: torch.Tensor, node_values: torch.Tensor,
                    prefix_keys: torch.Tensor, prefix_values: torch.Tensor, mask: torch.Tensor,
                    scale: float) -> torch.Tensor:
     """Attention of n trie nodes over prefix + ancestors. query [n, H, D], keys [*, Hkv, D];
     returns [n, H, D] in query's dtype (computed in float32)."""
-    n, heads, _ = query.shape
-    keys = torch.cat([prefix_keys, node_keys]).float()
-    values = torch.cat([prefix_values, node_values]).float()
-    group = heads // keys.shape[1]
-    if group > 1:
-        keys = keys.repeat_interleave(group, dim=1)
-        values = values.repeat_interleave(group, dim=1)
-    allowed = torch.cat([torch.ones(n, prefix_keys.shape[0], dtype=torch.bool), mask], dim=1)
-    scores = torch.einsum("qhd,khd->hqk", query.float(), keys) * scale
-    scores = scores.masked_fill(~allowed.unsqueeze(0), float("-inf"))
-    out = torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), values)
-    return out.to(query.dtype)
+    return masked_attention(query, torch.cat([prefix_keys, node_keys]),
+                            torch.cat([prefix_values, node_values]),
+                            prefix_and_ancestors(prefix_keys.shape[0], mask), scale)
+
+
+def masked_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                     allowed: torch.Tensor, scale: float) -> torch.Tensor:
+    """query [n, H, D] over keys/values [m, Hkv, D] where `allowed` [n, m]; [n, H, D] in
+    query's dtype, computed in float32 by torch's fused attention (grouped K/V heads are read
+    without copying them)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query.float().transpose(0, 1), keys.float().transpose(0, 1),
+        values.float().transpose(0, 1), attn_mask=allowed, scale=scale,
+        enable_gqa=query.shape[1] != keys.shape[1])
+    return out.transpose(0, 1).to(query.dtype)
 
 
 class TreeBatchContext:
@@ -201,22 +223,43 @@ class TreeForward:
         raise NotImplementedError
 
 
+@dataclass(frozen=True)
+class PrefixPlan:
+    """One trie request's reads, the same in every layer: the flat offsets of its K and V in a
+    layer's cache (the prefix, then the nodes, which the native kernel has just written to the
+    slots of positions prefix_len + j), and what each node attends to."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    allowed: torch.Tensor
+
+
 class TreeMaskForward(TreeForward):
-    """CPU: per trie request, the prefix K/V gathered through the probed layout and torch
-    attention with the ancestor mask."""
+    """CPU: per trie request, its prefix and node K/V gathered through the probed layout in one
+    indexing, and torch's fused attention with the ancestor mask. What is the same in every
+    layer (the offsets, the mask) is made once per forward (`TreeBatchContext.memo`)."""
+
+    def _plans(self, kv_cache: torch.Tensor, attn_metadata: Any) -> list[PrefixPlan]:
+        bs = self.layout.block_size
+        plans = []
+        for req in self.context.requests:
+            positions = torch.arange(req.prefix_len + req.num_nodes)
+            blocks = attn_metadata.block_table[req.batch_index].long()
+            slots = blocks[positions // bs] * bs + positions % bs
+            keys, values = self.layout.flat_index(kv_cache.shape[1], slots)
+            plans.append(PrefixPlan(keys, values, prefix_and_ancestors(req.prefix_len,
+                                                                       req.mask)))
+        return plans
 
     def recompute(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                   kv_cache: torch.Tensor, attn_metadata: Any, output: torch.Tensor
                   ) -> None:
-        bs = self.layout.block_size
-        for req in self.context.requests:
+        plans = self.context.memo("cpu_prefix", lambda: self._plans(kv_cache, attn_metadata))
+        flat = kv_cache.view(-1)  # vLLM's CPU cache is one contiguous tensor per layer
+        for req, plan in zip(self.context.requests, plans, strict=True):
             rows = slice(req.query_start, req.query_start + req.num_nodes)
-            positions = torch.arange(req.prefix_len)
-            blocks = attn_metadata.block_table[req.batch_index].long()
-            slots = blocks[positions // bs] * bs + positions % bs
-            prefix_k, prefix_v = self.layout.gather(kv_cache, slots)
-            output[rows] = tree_attention(query[rows], key[rows], value[rows], prefix_k,
-                                          prefix_v, req.mask, self.scale)
+            output[rows] = masked_attention(query[rows], flat[plan.keys], flat[plan.values],
+                                            plan.allowed, self.scale)
 
 
 def wrap_attention_layers(attention_layers: dict[str, Any], impl_types: tuple[type, ...],

@@ -1,8 +1,8 @@
 """Self-selection inside vLLM: K candidate drafts verified in one tree-masked forward.
 
-vLLM 0.32 verifies one chain of draft tokens per request. This runner (reached through
-`worker_cls`: `SpecDiffCPUWorker` here, `tree_runner_gpu.SpecDiffGPUWorker` on CUDA) lets the
-proposer send a trie of K candidates instead:
+vLLM 0.32 verifies one chain of draft tokens per request. `TreeVerificationRunner`, mixed into
+vLLM's model runner by the platform's worker module (`workers_cpu.SpecDiffCPUWorker`,
+`workers_cuda.SpecDiffGPUWorker`), lets the proposer send a trie of K candidates instead:
 
 1. the trie's nodes travel as the request's draft tokens, so vLLM schedules them, gives every node
    a KV slot (linear slot order) and a logits row;
@@ -17,32 +17,30 @@ proposer send a trie of K candidates instead:
    past the committed length are overwritten by later steps, as with plain speculative decoding.
 
 Requests whose drafts are a plain chain (K = 1 rows, fallbacks, truncated tries) take vLLM's
-native path untouched. `propose_draft_token_ids` receives the verifier's hidden states (and with
-vLLM's aux-hidden-state outputs, chosen layers' states): the place to hand them to a drafter that
-conditions on them (DFlash-style); the diffusion drafter does not.
+native path untouched. The hand-off with the proposer is typed: at start-up `SpecDiffRunner`
+passes it the runner's `workers.RunnerSupport`; each step the runner says which rows may get a
+trie (`SpecDiffProposer.set_tree_rows`) and reads back the tries drafted (`take_tries`). A
+drafter that reads the verifier's hidden states (the default drafter does) gets them from
+`conditioned_runner.ConditionedRunner`, mixed in before this one (`ConditionedTreeRunner`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from vllm.logger import init_logger
 from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
-from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-from vllm.v1.worker.cpu_worker import CPUWorker
 
 from vllm_specdiff.core import Verdict, score_drafts, target_probs, verify_tree
+from vllm_specdiff.core.scoring import streak_within
 from vllm_specdiff.core.trie import RequestTrie
-from vllm_specdiff.plugin.tree_attention import (
-    CacheLayout,
-    TreeBatchContext,
-    TreeRequest,
-    install_tree_attention,
-)
+from vllm_specdiff.plugin.proposer import SpecDiffProposer
+from vllm_specdiff.plugin.tree_attention import CacheLayout, TreeBatchContext, TreeRequest
 from vllm_specdiff.plugin.vllm_plugin import clamp_spec_decode_stats
+from vllm_specdiff.plugin.workers import RunnerSupport
 
 logger = init_logger("vllm.specdiff")
 _SAMPLING_EPS = 1e-5
@@ -159,7 +157,10 @@ def select_candidate(trie: RequestTrie, node_logits: torch.Tensor, params: Any
     own sampling settings (ties: lowest k, so the argmax draft wins ties)."""
     temperature, top_k, top_p = _filters(params, node_logits.shape[-1])
     scores = score_drafts(node_logits.float(), trie.token_tree(), temperature, top_k, top_p)
-    return int(scores.selected[0]), scores.tau[0]
+    if trie.lengths is None:
+        return int(scores.selected[0]), scores.tau[0]
+    tau = streak_within(scores.log_a[0], trie.lengths)
+    return int(tau.argmax()), tau  # argmax: the first maximum, i.e. the lowest k
 
 
 def chain_metadata(draft_lists: list[list[int]], device: torch.device) -> SpecDecodeMetadata:
@@ -199,22 +200,37 @@ def _write_row(row: torch.Tensor, verdict: Verdict) -> None:
     row[:count] = verdict.tokens[0, :count].to(row)
 
 
-class TreeVerificationRunner:
+class SpecDiffRunner:
+    """Base of the runner mixins (`TreeVerificationRunner`, `conditioned_runner`'s): once vLLM's
+    model runner has built the proposer (`self.drafter`, vLLM's name), hands it what this runner
+    serves (`runner_support`), so that the proposer can refuse what it cannot."""
+
+    runner_support: ClassVar[RunnerSupport] = RunnerSupport()
+
+    def __init__(self, vllm_config: Any, device: torch.device) -> None:
+        super().__init__(vllm_config, device)  # type: ignore[call-arg]
+        drafter = getattr(self, "drafter", None)  # absent without speculative decoding
+        if isinstance(drafter, SpecDiffProposer):
+            drafter.attach_runner(self.runner_support)
+        elif self.runner_support.trees:
+            raise ValueError(f"{type(self).__name__} (tree verification, K > 1) needs "
+                             "speculative_config.model = 'vllm_specdiff.SpecDiffProposer'")
+
+
+class TreeVerificationRunner(SpecDiffRunner):
     """Trie verification for the SpecDiff proposer (K > 1), mixed into one of vLLM's model
-    runners (`SpecDiffCPUModelRunner`); the platform's part is `_install_tree_attention`."""
+    runners (`workers_cpu`, `workers_cuda`); the platform's part is `_install_tree_attention`."""
+
+    runner_support = RunnerSupport(trees=True)
+    drafter: SpecDiffProposer  # vLLM's attribute; `SpecDiffRunner` checked its class
 
     def __init__(self, vllm_config: Any, device: torch.device) -> None:
         super().__init__(vllm_config, device)
-        drafter = getattr(self, "drafter", None)
-        if not hasattr(drafter, "trees_enabled"):
-            raise ValueError(f"{type(self).__name__} (tree verification, K > 1) needs "
-                             "speculative_config.model = 'vllm_specdiff.SpecDiffProposer'")
         if self.use_async_scheduling:
             raise ValueError("tree verification (K > 1) needs async scheduling off "
                              "(--no-async-scheduling / async_scheduling=False)")
         if self.uses_mrope:
             raise ValueError("tree verification (K > 1) does not support M-RoPE models")
-        drafter.trees_enabled = True
         clamp_spec_decode_stats()  # also the general plugin's job; here for in-process engines
         self.tree_context = TreeBatchContext()
         self.tree_layout: CacheLayout | None = None
@@ -279,25 +295,32 @@ class TreeVerificationRunner:
     def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any) -> Any:
         if spec_decode_metadata is None or not self._step_tries or logits is None:
             return super()._sample(logits, spec_decode_metadata)
-        rows, drafts, paths = self._select_chains(logits, spec_decode_metadata)
+        walk = self.drafter.config.walks_trees \
+            and not _custom_logits_processors(self.input_batch.logitsprocs)
+        walked = {i for i, r in enumerate(self.input_batch.req_ids)
+                  if walk and r in self._step_tries
+                  and tree_rule_eligible(self.requests[r].sampling_params)}
+        rows, drafts, paths = self._select_chains(logits, spec_decode_metadata, walked)
         chain_logits = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)]
         metadata = chain_metadata(drafts, logits.device)
         sampling_metadata = self.input_batch.sampling_metadata
         if sampling_metadata.spec_token_ids is not None:
             sampling_metadata = replace(sampling_metadata, spec_token_ids=drafts)
         output = self.rejection_sampler(metadata, None, chain_logits, sampling_metadata)
-        if self.drafter.config.selection == "tree" \
-                and not _custom_logits_processors(self.input_batch.logitsprocs):
+        if walked:
             paths = self._walk_trees(logits, spec_decode_metadata, output.sampled_token_ids,
-                                     paths)
+                                     paths, walked)
         self._commit_kv(output.sampled_token_ids, paths)
         self._step_tries = {}
         return output
 
-    def _select_chains(self, logits: torch.Tensor, meta: SpecDecodeMetadata
+    def _select_chains(self, logits: torch.Tensor, meta: SpecDecodeMetadata,
+                       walked: set[int]
                        ) -> tuple[list[int], list[list[int]], dict[int, Selection]]:
         """Per request: its logits rows and drafts as a chain; tries contribute [root, path of
-        k*]. Returns (rows, drafts, {batch index: the selection})."""
+        k*]; a trie the walk will commit (batch index in `walked`) its deepest path instead,
+        so that vLLM's output rows are wide enough for whatever the walk accepts. Returns
+        (rows, drafts, {batch index: the selection})."""
         counts = meta.num_draft_tokens
         flat = meta.draft_token_ids.tolist()
         rows: list[int] = []
@@ -312,7 +335,9 @@ class TreeVerificationRunner:
             else:
                 params = self.requests[self.input_batch.req_ids[i]].sampling_params
                 k, tau = select_candidate(step.trie, logits[start:start + n + 1], params)
-                path = step.trie.draft_nodes[k]
+                if i in walked and step.trie.lengths is not None:
+                    k = int(step.trie.lengths.argmax())
+                path = step.trie.path(k)
                 paths[i] = Selection(k, step.trie.sources[k], path, tau.float().cpu())
                 rows.append(start)
                 rows.extend((start + path).tolist())
@@ -325,19 +350,20 @@ class TreeVerificationRunner:
     tree_rule = staticmethod(verify_tree)
 
     def _walk_trees(self, logits: torch.Tensor, meta: SpecDecodeMetadata, sampled: torch.Tensor,
-                    paths: dict[int, Selection]) -> dict[int, Selection]:
-        """Selection "tree": recommit each eligible trie with the tree walk over its node
-        probabilities (the request's own temperature/top-k/top-p, its seeded generator), in
-        place of the tau chain vLLM just verified: its row of `sampled` becomes the walk's
-        tokens (-1 padded), so vLLM's counters and outputs see the committed path."""
+                    paths: dict[int, Selection], walk: set[int]) -> dict[int, Selection]:
+        """Recommit the tries of `walk` (batch indices: `walks_trees` and `tree_rule_eligible`)
+        with the tree walk over their node probabilities (the request's own temperature/top-k/
+        top-p, its seeded generator), in place of the chain vLLM just verified: its row of
+        `sampled` becomes the walk's tokens (-1 padded), so vLLM's counters and outputs see the
+        committed path."""
         starts = np.cumsum([0, *(n + 1 for n in meta.num_draft_tokens)])
         generators = self.input_batch.sampling_metadata.generators
         walked = dict(paths)
         for i, chosen in paths.items():
+            if i not in walk:
+                continue
             req_id = self.input_batch.req_ids[i]
             params = self.requests[req_id].sampling_params
-            if not tree_rule_eligible(params):
-                continue
             trie = self._step_tries[req_id].trie
             node_logits = logits[int(starts[i]):int(starts[i + 1])]
             probs = target_probs(node_logits, *_filters(params, node_logits.shape[-1]))
@@ -378,14 +404,13 @@ class TreeVerificationRunner:
     # ---- proposing ------------------------------------------------------------------------------
     def propose_draft_token_ids(self, scheduler_output: Any, sampled_token_ids: Any,
                                 *args: Any, **kwargs: Any) -> Any:
-        drafter = self.drafter
         req_ids = self.input_batch.req_ids
-        drafter.tree_rows = np.array([
+        self.drafter.set_tree_rows(np.array([
             tree_eligible(getattr(self.requests.get(r), "sampling_params", None))
-            for r in req_ids], dtype=bool)
+            for r in req_ids], dtype=bool))
         drafts = super().propose_draft_token_ids(scheduler_output, sampled_token_ids, *args,
                                                  **kwargs)
-        self._tries = {req_ids[i]: trie for i, trie in enumerate(drafter.last_tries)
+        self._tries = {req_ids[i]: trie for i, trie in enumerate(self.drafter.take_tries())
                        if trie is not None and i < len(req_ids)}
         self._proposed = True
         return drafts
@@ -396,25 +421,3 @@ class TreeVerificationRunner:
         if not self._proposed:
             self._tries = {}  # vLLM sent zero drafts (context near max_model_len) or none
         return out
-
-
-class SpecDiffCPUModelRunner(TreeVerificationRunner, CPUModelRunner):
-    """vLLM's CPU model runner plus trie verification (tree rows recomputed in torch)."""
-
-    def _install_tree_attention(self, layers: dict[str, Any]) -> CacheLayout:
-        return install_tree_attention(layers, self.tree_context)
-
-
-class SpecDiffCPUWorker(CPUWorker):
-    """vLLM's CPU worker with `SpecDiffCPUModelRunner` (worker_cls for K > 1).
-
-    `CPUWorker.init_device` builds its runner inline, so the runner it built (cheap: no model
-    is loaded yet) is replaced by ours right after.
-    """
-
-    def init_device(self) -> None:
-        super().init_device()
-        if self.use_v2_model_runner:
-            raise ValueError("tree verification (K > 1) needs vLLM's V1 model runner "
-                             "(unset VLLM_USE_V2_MODEL_RUNNER)")
-        self.model_runner = SpecDiffCPUModelRunner(self.vllm_config, torch.device("cpu"))

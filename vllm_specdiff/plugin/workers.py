@@ -1,37 +1,57 @@
 """Which vLLM worker a SpecDiff configuration needs, on which platform: the one place that decides
-for `specdiff_engine_args`, `vllm-specdiff serve/generate/bench` and the start-up errors.
+for `specdiff_engine_args`, `vllm-specdiff serve/generate/bench` and the start-up errors; and
+`RunnerSupport`, what a worker's model runner tells the proposer it serves.
 
-vLLM's own worker serves a drafter of token ids at num_drafts = 1; num_drafts > 1 needs the
-tree-verifying worker (tree_runner.py, tree_runner_gpu.py) and a drafter that reads the verifier's
-hidden states needs the worker that captures them (conditioned_runner.py,
-conditioned_runner_gpu.py); such a drafter at num_drafts > 1 needs one that does both
-(conditioned_tree_runner.py, conditioned_tree_runner_gpu.py).
+vLLM's own worker serves a drafter of token ids verified as a chain; tries (num_drafts > 1 or
+best-first trees) need the tree-verifying worker, a drafter that reads the verifier's hidden
+states needs the worker that captures them, and such a drafter verified as tries needs one that
+does both. Each platform's three workers are in one module (`workers_cpu`, `workers_cuda`),
+built from the runner mixins `tree_runner.TreeVerificationRunner`,
+`conditioned_runner.ConditionedRunner` and `conditioned_runner.ConditionedTreeRunner`.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class RunnerSupport:
+    """What the model runner serving a `SpecDiffProposer` does beyond vLLM's own runner, handed
+    to the proposer once (`SpecDiffProposer.attach_runner`); the proposer refuses at load a
+    configuration its runner cannot serve, naming the worker it needs. vLLM's own runner hands
+    nothing: the default, neither.
+
+    trees: verifies tries (`tree_runner.TreeVerificationRunner`): before each `propose` it says
+        which rows may get one (`set_tree_rows`) and after it reads them back (`take_tries`).
+    features: captures the verifier layers the proposer asks for (`verifier_taps`) and hands
+        their committed states over (`observe_features`, `conditioned_runner.ConditionedRunner`).
+    """
+
+    trees: bool = False
+    features: bool = False
 
 
 class WorkerSettings(Protocol):
     """What decides the worker (config.SpecDiffConfig has it)."""
 
     drafter: str | None
-    num_drafts: int
 
-CPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner.SpecDiffCPUWorker"
-GPU_TREE_WORKER = "vllm_specdiff.plugin.tree_runner_gpu.SpecDiffGPUWorker"
+    @property
+    def verifies_trees(self) -> bool: ...
+
+CPU_TREE_WORKER = "vllm_specdiff.plugin.workers_cpu.SpecDiffCPUWorker"
+GPU_TREE_WORKER = "vllm_specdiff.plugin.workers_cuda.SpecDiffGPUWorker"
 # a drafter that reads the verifier's hidden states needs the worker that captures them
-CPU_CONDITIONED_WORKER = "vllm_specdiff.plugin.conditioned_runner.SpecDiffConditionedCPUWorker"
-GPU_CONDITIONED_WORKER = \
-    "vllm_specdiff.plugin.conditioned_runner_gpu.SpecDiffConditionedGPUWorker"
-# ... and at num_drafts > 1, the worker that verifies tries and captures them
-CPU_CONDITIONED_TREE_WORKER = \
-    "vllm_specdiff.plugin.conditioned_tree_runner.SpecDiffConditionedTreeCPUWorker"
+CPU_CONDITIONED_WORKER = "vllm_specdiff.plugin.workers_cpu.SpecDiffConditionedCPUWorker"
+GPU_CONDITIONED_WORKER = "vllm_specdiff.plugin.workers_cuda.SpecDiffConditionedGPUWorker"
+# ... and verified as tries, the worker that verifies tries and captures them
+CPU_CONDITIONED_TREE_WORKER = "vllm_specdiff.plugin.workers_cpu.SpecDiffConditionedTreeCPUWorker"
 GPU_CONDITIONED_TREE_WORKER = \
-    "vllm_specdiff.plugin.conditioned_tree_runner_gpu.SpecDiffConditionedTreeGPUWorker"
+    "vllm_specdiff.plugin.workers_cuda.SpecDiffConditionedTreeGPUWorker"
 # CUDA: the tree rows are recomputed around each attention call, so attention must stay out of
 # CUDA graphs (piecewise graphs keep it between the pieces).
 TREE_CUDA_COMPILATION_CONFIG = {"cudagraph_mode": "PIECEWISE"}
@@ -100,11 +120,12 @@ def conditioned_worker(platform: Any = None) -> str:
 
 
 def worker_engine_args(config: WorkerSettings, platform: Any = None) -> dict[str, Any]:
-    """The engine arguments these settings need beyond the two dicts: for num_drafts > 1 the
-    tree-verifying worker (feature-capturing too for a conditioned drafter) and its settings,
-    for a conditioned drafter at num_drafts = 1 the feature-capturing worker, else none."""
+    """The engine arguments these settings need beyond the two dicts: for tries (num_drafts > 1
+    or best-first trees) the tree-verifying worker (feature-capturing too for a conditioned
+    drafter) and its settings, for a conditioned drafter verified as a chain the
+    feature-capturing worker, else none."""
     conditioned = reads_verifier(config.drafter)
-    if config.num_drafts > 1:
+    if config.verifies_trees:
         return tree_engine_args(platform, conditioned=conditioned)
     if conditioned:
         return {"worker_cls": conditioned_worker(platform)}

@@ -1,24 +1,31 @@
-"""Self-selection inside vLLM on CUDA: `TreeVerificationRunner` over vLLM's GPU model runner.
+"""SpecDiff's vLLM workers on CUDA: the three runners the mixins make of vLLM's GPU model runner,
+and one worker factory (`_SpecDiffGPUWorker`) that builds each.
 
-The trie scheduling, candidate selection and KV commit are the mixin's (`tree_runner`), shared
-with the CPU runner; the CUDA part is the attention wrapper (`tree_attention_cuda`: the
+- `SpecDiffGPUWorker`: tree verification (`tree_runner.TreeVerificationRunner`), for tries;
+- `SpecDiffConditionedGPUWorker`: the verifier's tapped states for a drafter that reads them
+  (`conditioned_runner.ConditionedRunner`), verified as a chain;
+- `SpecDiffConditionedTreeGPUWorker`: both (`conditioned_runner.ConditionedTreeRunner`).
+
+The trie scheduling, candidate selection and KV commit are the mixin's, shared with the CPU
+runner (`workers_cpu`); the CUDA part is the attention wrapper (`tree_attention_cuda`: the
 project's Triton tree-attention kernel over the FlashAttention / Triton-attention paged cache)
 and two start-up checks. On the GPU runner `positions` is a device tensor, `query_start_loc` and
 the block table's `slot_mapping` are `CpuGpuBuffer`s whose `.gpu` half the forward reads: the
 mixin writes the trie positions into `positions` after vLLM filled it, and keeps the nodes'
 slots from `slot_mapping.gpu`, so the same code serves both platforms.
 
-Reached through `worker_cls` (`config.tree_worker()` picks `SpecDiffGPUWorker` on CUDA).
+`workers.worker_engine_args` names the one a configuration needs (`--worker-cls`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 from vllm.v1.worker.gpu_worker import Worker
 
+from vllm_specdiff.plugin.conditioned_runner import ConditionedRunner, ConditionedTreeRunner
 from vllm_specdiff.plugin.tree_attention_cuda import PagedKVLayout, install_cuda_tree_attention
 from vllm_specdiff.plugin.tree_runner import TreeVerificationRunner
 
@@ -62,11 +69,44 @@ class SpecDiffGPUModelRunner(TreeVerificationRunner, GPUModelRunner):
         return install_cuda_tree_attention(layers, self.tree_context)
 
 
-class SpecDiffGPUWorker(Worker):
-    """vLLM's GPU worker with `SpecDiffGPUModelRunner` (worker_cls for K > 1 on CUDA)."""
+class SpecDiffConditionedGPUModelRunner(ConditionedRunner, GPUModelRunner):
+    """vLLM's GPU model runner that hands the verifier's tapped states to the proposer."""
+
+
+class SpecDiffConditionedTreeGPUModelRunner(ConditionedTreeRunner, SpecDiffGPUModelRunner):
+    """vLLM's GPU model runner with trie verification and the verifier's tapped states (the
+    CUDA tree runner's start-up checks and Triton tree attention included)."""
+
+
+class _SpecDiffGPUWorker(Worker):
+    """vLLM's GPU worker with the runner `runner` (what it serves: `serves`)."""
+
+    runner: ClassVar[type[GPUModelRunner]]
+    serves: ClassVar[str]  # for the error naming what needs vLLM's V1 runner
 
     def _make_model_runner(self) -> GPUModelRunner:
         if self.use_v2_model_runner:
-            raise ValueError("tree verification (K > 1) needs vLLM's V1 model runner "
-                             "(unset VLLM_USE_V2_MODEL_RUNNER)")
-        return SpecDiffGPUModelRunner(self.vllm_config, self.device)
+            raise ValueError(f"{self.serves} needs vLLM's V1 model runner (unset "
+                             "VLLM_USE_V2_MODEL_RUNNER)")
+        return self.runner(self.vllm_config, self.device)
+
+
+class SpecDiffGPUWorker(_SpecDiffGPUWorker):
+    """worker_cls for tries (num_drafts > 1, best-first trees) on CUDA."""
+
+    runner = SpecDiffGPUModelRunner
+    serves = "tree verification (K > 1)"
+
+
+class SpecDiffConditionedGPUWorker(_SpecDiffGPUWorker):
+    """worker_cls for a drafter that reads the verifier, verified as a chain, on CUDA."""
+
+    runner = SpecDiffConditionedGPUModelRunner
+    serves = "a conditioned drafter"
+
+
+class SpecDiffConditionedTreeGPUWorker(_SpecDiffGPUWorker):
+    """worker_cls for a drafter that reads the verifier, verified as tries, on CUDA."""
+
+    runner = SpecDiffConditionedTreeGPUModelRunner
+    serves = "a conditioned drafter with num_drafts > 1"
