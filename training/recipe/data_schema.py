@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from vllm_specdiff.prompts import SOURCES as PROMPT_SOURCES
 
@@ -21,8 +21,18 @@ from ..generate import GenerateConfig
 from ..self_prompts import SelfPromptsConfig
 from .fields import all_but, check_name, config_problem, derive, name_field, section, spec
 
-if TYPE_CHECKING:
-    from .schema import Recipe
+
+class Recipe(Protocol):
+    """What the data checks read of a recipe (`schema.Recipe`; a protocol, so that this module,
+    which `schema` imports, does not import it back)."""
+
+    data: DataSpec
+
+    def resolve(self, path: str) -> str: ...
+    def sources(self, value: list[str]) -> list[str]: ...
+    def generate_settings(self, pack: Any) -> dict[str, Any]: ...
+    def packs_to_make(self) -> list[tuple[str, Any]]: ...
+    def pack_names(self) -> list[str]: ...
 
 NEW_PACK_TABLES = ("corpus", "self_prompts", "prompts")  # [[data.X]] tables of new packs
 PACK_CONFIGS = {"corpus": CorpusConfig, "self_prompts": SelfPromptsConfig}
