@@ -20,7 +20,8 @@ class ProposerCounts:
     """The SpecDiff proposer's own counters (all zero for other methods): drafter time and
     calls, rows drafted (by the drafter or by prompt lookup) and by lookup, and adaptive
     drafting's histograms of chosen drafter and lookup lengths ([] when it is off), and with
-    best-first trees under adaptive drafting the steps that drafted each shape ({} otherwise)."""
+    best-first trees under adaptive drafting the steps that drafted each shape ({} otherwise),
+    and the steps without a drafter call with their seconds (what a no-draft step costs)."""
 
     drafter_seconds: float = 0.0
     propose_calls: int = 0
@@ -29,6 +30,8 @@ class ProposerCounts:
     gamma_histogram: list[int] = field(default_factory=list)
     lookup_gamma_histogram: list[int] = field(default_factory=list)
     shape_steps: dict[str, int] = field(default_factory=dict)
+    idle_steps: int = 0  # steps the drafter drafted no row in, and their seconds
+    idle_seconds: float = 0.0
 
     @classmethod
     def of(cls, proposer: dict[str, Any]) -> ProposerCounts:
@@ -39,7 +42,8 @@ class ProposerCounts:
                    int(proposer.get("lookup_drafts", 0)),
                    list(adaptive.get("chosen_gamma_histogram") or []),
                    list(adaptive.get("lookup_gamma_histogram") or []),
-                   dict(shapes.get("steps") or {}))
+                   dict(shapes.get("steps") or {}), int(proposer.get("idle_steps", 0)),
+                   float(proposer.get("idle_seconds", 0.0)))
 
     def plus(self, other: ProposerCounts, sign: int = 1) -> ProposerCounts:
         return ProposerCounts(
@@ -50,7 +54,9 @@ class ProposerCounts:
             _add_lists(self.gamma_histogram, other.gamma_histogram, sign),
             _add_lists(self.lookup_gamma_histogram, other.lookup_gamma_histogram, sign),
             {k: self.shape_steps.get(k, 0) + sign * other.shape_steps.get(k, 0)
-             for k in {*self.shape_steps, *other.shape_steps}})
+             for k in {*self.shape_steps, *other.shape_steps}},
+            self.idle_steps + sign * other.idle_steps,
+            self.idle_seconds + sign * other.idle_seconds)
 
 
 COUNTS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")

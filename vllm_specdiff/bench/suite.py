@@ -284,6 +284,9 @@ def summarize(method: Method, runs: list[Run], plain_runs: list[Run],
         "lookup_share_of_drafts": round(proposer.lookup_drafts / proposer.drafted_rows, 4)
         if proposer.drafted_rows else None,
         "draft_shape_steps": dict(sorted(proposer.shape_steps.items())) or None,
+        "idle_steps": proposer.idle_steps if calls else None,
+        "drafter_ms_per_idle_step": round(1000.0 * proposer.idle_seconds / proposer.idle_steps, 3)
+        if proposer.idle_steps else None,
         "identical_to_plain": (not bad) if temperature == 0 else None,
         "mismatched_prompts": bad,
     }

@@ -84,6 +84,7 @@ class ProposerStats:
             "drafter_seconds": seconds,
             "drafter_ms_per_step": 1000.0 * seconds / calls if calls else 0.0,
             "idle_steps": idle,  # steps whose rows the drafter drafted none of
+            "idle_seconds": idle_seconds,
             "drafter_ms_per_idle_step": 1000.0 * idle_seconds / idle if idle else 0.0,
             "mean_accepted_length": self.stats.mean_accepted_length,
             "acceptance_rate": self.stats.acceptance_rate,
