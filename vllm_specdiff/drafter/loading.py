@@ -22,6 +22,7 @@ from .conditioned import SHARED as CONDITIONED_SHARED
 from .conditioned import ConditionedDrafter
 from .dflash_format import check_tensors, is_dflash, load_dflash, read_layout
 from .dream import DREAM_TYPES, DreamDrafter
+from .hub import resolve_drafter
 from .llada import LLADA_TYPES, LLaDADrafter
 from .lora import check_adapter_dir, check_adapter_fits, merge_lora
 from .quantize import quantize_drafter, resolve_quantize
@@ -102,7 +103,8 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
                  cache_size: int = 64, verifier_tokenizer: object = None,
                  cache_bytes: int | None = None, quantize: str = "none",
                  verifier: str | Path | None = None) -> Drafter:
-    """Load a drafter directory (config.json + safetensors), offline, without remote code.
+    """Load a drafter directory (config.json + safetensors; or a hub id, `drafter/hub.py`), without
+    remote code.
 
     lora: a PEFT adapter directory merged into the weights at load time.
     context_window: trailing context tokens the drafter sees (bounds the cost of formats that
@@ -119,6 +121,7 @@ def load_drafter(path: str | Path, *, lora: str | Path | None = None,
       (`specdiff_conditioned` and DFlash: those tensors are not stored in the drafter
       directory, unless a DFlash checkpoint ships its own).
     """
+    path = resolve_drafter(str(path))
     cfg = check_drafter_dir(path)
     if lora is not None:
         check_lora_for(path, lora)

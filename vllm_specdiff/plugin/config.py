@@ -42,6 +42,7 @@ class Spec:
     maximum: float | None = None
     choices: tuple[str, ...] = ()
     path: str = ""  # "directory" or "file": the value is a path
+    hub: bool = False  # a hub id (ORG/NAME) is fetched to a local snapshot (drafter/hub.py)
     null: str = ""  # what null (None) means, for options that may be null
     details: str = ""  # more for the docs table only
     flag: str = ""  # CLI flag where the name would clash with a request setting (--seed)
@@ -60,9 +61,12 @@ class SpecDiffConfig:
     describes it, and docs/options.md is generated from them."""
 
     drafter: str | None = option(
-        None, "drafter directory (any format `load_drafter` reads)", path="directory",
-        null="the default drafter (with the default verifier only)",
-        details="Required for any other verifier, checked at start-up",
+        None, "drafter directory (any format `load_drafter` reads) or hub id", path="directory",
+        hub=True, null="the default drafter (with the default verifier only)",
+        details="Required for any other verifier, checked at start-up. A hub id (`ORG/NAME`, "
+                "no such local path) is fetched as vLLM fetches models: from the local Hugging "
+                "Face cache with `HF_HUB_OFFLINE=1`, else downloaded (configs, weights, the "
+                "mask embedding, tokenizer files; never code)",
         aliases=("--speculative-model",))
     lora: str | None = option(
         None, "PEFT adapter directory merged into the drafter at load time", path="directory",
@@ -274,6 +278,13 @@ def check_value(opt: Option, value: Any, key: str | None = None) -> Any:
         return value
     if not isinstance(value, str | Path) or not str(value):
         raise ValueError(f"{where} must be a {spec.path} path, got {value!r}")
+    if spec.hub:
+        from vllm_specdiff.drafter.hub import resolve_drafter
+
+        try:
+            value = resolve_drafter(str(value))
+        except FileNotFoundError as e:
+            raise FileNotFoundError(f"{where}: {e}") from None
     return str(Path(value).expanduser())
 
 
