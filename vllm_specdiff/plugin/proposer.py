@@ -184,11 +184,11 @@ class SpecDiffProposer(ConditionedContexts, AdaptiveLengths, ProposerStats):
             # a conditioned drafter's tree worker also captures the verifier's states
             worker = conditioned_tree_worker() if reads_verifier(self.config.drafter) \
                 else tree_worker()
-            what = "best_first = true" if self.config.best_first \
-                else f"num_drafts = {self.config.num_drafts}"
-            raise ValueError(f"additional_config['specdiff']['{what.split()[0]}']: {what} "
-                             "needs the tree-verifying worker: add "
-                             f"worker_cls={worker!r} (--worker-cls {worker})")
+            option, value = ("best_first", "true") if self.config.best_first \
+                else ("num_drafts", self.config.num_drafts)
+            raise ValueError(f"additional_config['specdiff']['{option}'] = {value} needs the "
+                             f"tree-verifying worker: add worker_cls={worker!r} "
+                             f"(--worker-cls {worker})")
         device = torch.device("cpu")
         if isinstance(target_model, torch.nn.Module):
             param = next(target_model.parameters(), None)
@@ -202,7 +202,7 @@ class SpecDiffProposer(ConditionedContexts, AdaptiveLengths, ProposerStats):
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
         conditioned = reads_verifier(path)
         if conditioned and not self.runner_support.features:
-            worker = conditioned_tree_worker() if self.config.num_drafts > 1 \
+            worker = conditioned_tree_worker() if self.config.verifies_trees \
                 else conditioned_worker()
             raise ValueError(f"the drafter {path} reads the verifier's hidden states and needs "
                              f"the worker that captures them: add worker_cls={worker!r} "
