@@ -167,13 +167,13 @@ def best_first_drafts(logits: torch.Tensor, roots: list[int], as_tree: list[bool
                       ) -> list[tuple[list[int], RequestTrie | None]]:
     """Per row of drafter logits [R, G, V]: with `as_tree[r]`, the best-first tree of `budget`
     nodes grown from the row's marginals (temperature 1) as a trie on `roots[r]`, and its
-    nodes as the draft; otherwise the argmax chain and no trie."""
-    logprobs = logits.float().log_softmax(dim=-1)
+    nodes as the draft; otherwise the argmax chain and no trie (as the chain drafts: no
+    normalisation over the vocabulary for a row that needs none)."""
     out: list[tuple[list[int], RequestTrie | None]] = []
-    for row, root, tree in zip(logprobs, roots, as_tree, strict=True):
+    for row, root, tree in zip(logits, roots, as_tree, strict=True):
         if not tree:
             out.append((row.argmax(dim=-1).tolist(), None))
             continue
-        trie = best_first_trie(root, best_first_tree(row, budget))
+        trie = best_first_trie(root, best_first_tree(row.float().log_softmax(dim=-1), budget))
         out.append((trie.draft_tokens(), trie))
     return out

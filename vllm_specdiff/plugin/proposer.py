@@ -219,8 +219,9 @@ class SpecDiffProposer(ConditionedContexts, AdaptiveLengths, ProposerStats):
             raise ValueError(f"num_speculative_tokens = {self.gamma} exceeds the block of the "
                              f"conditioned drafter {path} ({self.drafter.cfg.gamma} draft "
                              "tokens per forward)")
-        # a best-first tree's nodes are gamma; its depth stops at the drafter's block
-        self.tree_depth = min(self.gamma, self.drafter.cfg.gamma) if conditioned else self.gamma
+        # positions one forward drafts: gamma, but a best-first tree's gamma nodes stop at a
+        # conditioned drafter's block (a chain's gamma was checked to fit it above)
+        self.draft_depth = min(self.gamma, self.drafter.cfg.gamma) if conditioned else self.gamma
         if conditioned:
             self._load_contexts()
         self._check_positions()
@@ -380,8 +381,9 @@ class SpecDiffProposer(ConditionedContexts, AdaptiveLengths, ProposerStats):
         self._catch_up(indices)
         for length in sorted(set(lengths), reverse=True):
             group = [j for j, n in enumerate(lengths) if n == length]
-            # a best-first tree of `length` nodes reaches at most tree_depth positions deep
-            window = min(length, self.tree_depth) if self.config.best_first else length
+            # a draft reaches at most draft_depth positions (a best-first tree of `length`
+            # nodes goes no deeper than the drafter's block; a chain's length is within it)
+            window = min(length, self.draft_depth)
             if self.contexts is not None:
                 logits = self._conditioned_logits([contexts[j] for j in group],
                                                   [indices[j] for j in group], window)
