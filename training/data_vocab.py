@@ -4,6 +4,7 @@ most, so a drafter for a large vocabulary scores a few thousand rows instead of 
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import torch
@@ -36,7 +37,9 @@ def ensure_data_vocab(out: Path, data: SequenceData, size: int, tokenizer_dir: s
     from vllm_specdiff.drafter.vocab import save_d2t
 
     path = out / DATA_VOCAB_FILE
-    if not path.is_file():
+    if not path.is_file():  # under torchrun every rank writes the same table: each whole
         out.mkdir(parents=True, exist_ok=True)
-        save_d2t(path, build_data_vocab(data, size, tokenizer_dir))
+        tmp = save_d2t(path.with_name(f"{path.stem}.{os.getpid()}.safetensors"),
+                       build_data_vocab(data, size, tokenizer_dir))
+        tmp.replace(path)
     return path

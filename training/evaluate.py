@@ -44,7 +44,7 @@ from .data import (
 from .features import attach_features
 from .losses import Targets, expected_streak_of, greedy_accepted_of, hard_log_accept
 from .model import drafter_from_checkpoint
-from .replay import replay_greedy
+from .replay import input_lookahead, replay_greedy
 from .windows import VocabMap, eval_windows, make_batch
 
 log = logging.getLogger(__name__)
@@ -198,7 +198,8 @@ class Evaluator:
         for lo in tqdm(range(0, len(self.windows), cfg.batch_size), desc=f"eval {cand.name}",
                        unit="batch"):
             part = self.windows[lo:lo + cfg.batch_size]
-            batch = make_batch(self.data, [i for i, _ in part], [s for _, s in part], cfg.gamma)
+            batch = make_batch(self.data, [i for i, _ in part], [s for _, s in part], cfg.gamma,
+                               lookahead=input_lookahead(drafter, cfg.gamma))
             with torch.inference_mode():
                 raw = drafter.window_logits(batch.input_ids, batch.starts, cfg.gamma) \
                     if not taps else drafter.window_logits(batch.input_ids, batch.starts,

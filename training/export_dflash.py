@@ -13,7 +13,8 @@ The conditioned drafter (vllm_specdiff/drafter/conditioned.py) computes what vLL
   writes in chat stands in for it).
 The taps are written unchanged: DFlash's `target_layer_ids` and the conditioned drafter's share a
 convention (tap L = output of layer L). `load_drafter` reads the export back
-(`vllm_specdiff/drafter/dflash_format.py`) as the same drafter.
+(`vllm_specdiff/drafter/dflash_format.py`) as the same drafter. A drafter with a Markov head
+(`markov_rank` > 0) is refused: vLLM's `dflash` model has no such head.
 """
 
 from __future__ import annotations
@@ -66,10 +67,21 @@ def dflash_config(drafter: ConditionedDrafter, mask_token_id: int) -> dict:
     return config
 
 
+def check_dflash_exportable(drafter: ConditionedDrafter) -> None:
+    """Refuse, before anything is written, a drafter vLLM's `dflash` would run without part of
+    its computation (it would load, and draft otherwise than it was trained to)."""
+    if drafter.cfg.markov_rank:
+        raise ValueError(f"this drafter has a Markov head (markov_rank "
+                         f"{drafter.cfg.markov_rank}), which vLLM's `dflash` method cannot run: "
+                         f"serve it with the plugin in its native format (export --format "
+                         f"specdiff, or the drafter directory as it is)")
+
+
 def export_dflash(drafter: ConditionedDrafter, verifier: str | Path, out: str | Path,
                   mask_token_id: int | None = None) -> dict:
     """Write the vLLM `dflash` checkpoint of a conditioned drafter into `out` (the mask's
     stand-in token: `mask_token_id`, else `mask_stand_in`'s choice)."""
+    check_dflash_exportable(drafter)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     mask_id = mask_stand_in(verifier) if mask_token_id is None else int(mask_token_id)

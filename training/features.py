@@ -10,9 +10,11 @@ derived data, never committed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -43,17 +45,21 @@ def feature_dirs(data_dir: Path) -> list[Path]:
     return sorted(p for p in Path(data_dir).glob(FEATURES_PREFIX + "*") if p.is_dir())
 
 
+def load_verifier(verifier_dir: str | Path, device: str = "cpu") -> torch.nn.Module:
+    """The verifier for a teacher-forced pass: bf16 on GPUs (what it computes is stored in
+    float16 either way), float32 on the CPU; in eval mode."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    return AutoModelForCausalLM.from_pretrained(str(verifier_dir), dtype=dtype).eval()
+
+
 class TapModel:
     """The verifier truncated after its deepest tap, with hooks that keep each tap's output."""
 
     def __init__(self, verifier_dir: str | Path, taps: tuple[int, ...], device: str = "cpu"
                  ) -> None:
-        from transformers import AutoModelForCausalLM
-
-        # bf16 on GPUs (the features are stored in float16 either way), float32 on the CPU
-        dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(str(verifier_dir), dtype=dtype)
-        decoder = model.model
+        decoder = load_verifier(verifier_dir, device).model
         n = len(decoder.layers)
         if max(taps) >= n:
             raise ValueError(f"tap {max(taps)} is not a layer of the {n}-layer verifier")
@@ -118,20 +124,31 @@ def ensure_features(shards: list[Path], verifier_dir: str | Path, taps: tuple[in
     # beside the shard's real file, so that a folder of links to shards shares their cache
     real = [s.resolve() for s in shards]
     paths = [features_dir(s.parent, taps) / s.name for s in real]
-    todo = [(s, p) for s, p in zip(real, paths, strict=True)
-            if not p.is_file() and not slice_stored_features(s, taps, p)]
-    rank, world = launched_rank()
-    mine = todo[rank::world]  # under torchrun each process builds every world-th missing shard
-    if mine:
-        log.info("computing verifier features (taps %s) for %d shards", taps, len(mine))
-        tap = TapModel(verifier_dir, taps, device)
-        for shard, out in tqdm(mine, desc="verifier features", unit="shard",
-                               disable=rank != 0):
-            out.parent.mkdir(exist_ok=True)
-            build_shard_features(tap, shard, out)
-    if world > 1:
-        wait_for_files([p for _, p in todo])
+    build_missing(list(zip(real, paths, strict=True)),
+                  lambda: functools.partial(build_shard_features,
+                                            TapModel(verifier_dir, taps, device)),
+                  f"verifier features (taps {list(taps)})",
+                  ready=lambda s, p: p.is_file() or slice_stored_features(s, taps, p))
     return paths
+
+
+def build_missing(pairs: list[tuple[Path, Path]], make_builder: Callable[[], Callable],
+                  what: str, ready: Callable[[Path, Path], bool] = lambda _s, p: p.is_file()
+                  ) -> None:
+    """Write each (shard, output) not `ready` with `make_builder()(shard, output)`, the builder
+    made only when something is missing. Under torchrun each process owns every world-th pair
+    (split before looking at what exists, so ranks that start apart never both skip a shard)
+    and waits for the others'."""
+    rank, world = launched_rank()
+    mine = [(s, p) for s, p in pairs[rank::world] if not ready(s, p)]
+    if mine:
+        log.info("computing %s for %d shards", what, len(mine))
+        build = make_builder()
+        for shard, out in tqdm(mine, desc=what, unit="shard", disable=rank != 0):
+            out.parent.mkdir(exist_ok=True)
+            build(shard, out)
+    if world > 1:
+        wait_for_files([p for _, p in pairs])
 
 
 def launched_rank() -> tuple[int, int]:

@@ -73,6 +73,10 @@ HELP = {
                   "projections zero, so training starts from that drafter's acceptance)",
     "add_taps": "--arch conditioned --drafter: comma-separated verifier layers to read too (their "
                 "feature-projection columns zero, so training starts from that drafter)",
+    "add_markov_rank": "--arch conditioned: add a Markov head of this rank (each drafted token "
+                       "reads the one before it; its output projection zero, so training starts "
+                       "from that drafter's drafts; a new drafter or --drafter DIR without one; "
+                       "--finetune full; not servable by vLLM's dflash)",
     "num_taps": "--arch conditioned: verifier layers tapped, spread from layer 1 to N-3",
     "verifier": "verifier model directory",
     "draft_vocab": "reduced-vocabulary table (d2t.safetensors) for --init-from",
@@ -82,7 +86,9 @@ HELP = {
     "init_lora": "a LoRA adapter merged into the starting weights",
     "tokenizer": "tokenizer directory the data is checked against (default: beside the drafter)",
     "loss": "streak (default), streak-soft, position-avg, mdm, ce-decay (cross-entropy with "
-            "DFlash's position decay exp(-(k-1)/(gamma/2))) or kl",
+            "DFlash's position decay exp(-(k-1)/(gamma/2))), dpace (cross-entropy weighted by "
+            "the drafter's expected streak from each position on) or kl; streak-soft and kl "
+            "read soft targets: the data's, or a conditioned drafter's verifier's top-8",
     "gamma": "draft window (tokens per draft)",
     "drafter_temperature": "drafter softmax temperature T_d (the plugin's drafter_temperature)",
     "windows_per_seq": "windows packed per sequence (one context pass serves them all)",

@@ -101,6 +101,27 @@ def ce_decay_loss(logits: torch.Tensor, targets: Targets, temperature: float = 1
     return -total / weight.sum(dim=-1).clamp(min=1e-6)
 
 
+DPACE_ALPHA = 0.5  # D-PACE's smoothing: 0 gives the streak loss's weights, 1 a linear decay
+
+
+def dpace_loss(logits: torch.Tensor, targets: Targets, temperature: float = 1.0) -> torch.Tensor:
+    """Cross-entropy weighted by D-PACE (speculators): position j counts by the expected streak
+    from j on, w_j = sum_{m>=j} prod_{i<=m} q~_i with q~ = (1-a) q + a and q the drafter's
+    probability of the verifier's token, weights detached. Unlike `ce-decay`'s fixed decay,
+    the weights follow what the drafter already gets right: a position counts while the draft
+    can still reach it."""
+    del temperature
+    log_q = logits.float().log_softmax(dim=-1)
+    covered = targets.tokens >= 0
+    picked = log_q.gather(-1, targets.tokens.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    picked = torch.where(covered, picked, torch.zeros_like(picked))
+    with torch.no_grad():
+        q = torch.where(covered, picked.exp(), torch.zeros_like(picked))
+        reach = ((1 - DPACE_ALPHA) * q + DPACE_ALPHA).cumprod(dim=-1)
+        weight = reach.flip(-1).cumsum(-1).flip(-1) * covered
+    return -(picked * weight).sum(dim=-1) / weight.sum(dim=-1).clamp(min=1e-6)
+
+
 def kl_loss(logits: torch.Tensor, targets: Targets, temperature: float = 1.0) -> torch.Tensor:
     """Soft cross-entropy to the verifier's top-k, renormalised over the ids the drafter covers.
 
@@ -127,6 +148,7 @@ LOSSES: dict[str, LossFn] = {
     "position-avg": position_avg_loss,
     "mdm": mdm_loss,
     "ce-decay": ce_decay_loss,
+    "dpace": dpace_loss,
     "kl": kl_loss,
 }
 SOFT_LOSSES = frozenset({"streak-soft", "kl"})

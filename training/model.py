@@ -137,6 +137,20 @@ def build_conditioned(verifier: str, num_layers: int, taps: tuple[int, ...], gam
     return ConditionedDrafter.from_verifier(verifier, cfg, seed, d2t)
 
 
+def with_markov_head(drafter: nn.Module, cfg: dict) -> nn.Module:
+    """The conditioned drafter with the Markov head `--add-markov-rank` asks for (W_out zero:
+    the same drafts until training moves it); a drafter that has one already is refused."""
+    rank = cfg.get("add_markov_rank", 0)
+    if not rank:
+        return drafter
+    if drafter.markov is not None:
+        raise ValueError(f"--add-markov-rank {rank}: --drafter {cfg.get('drafter')} already has "
+                         f"a Markov head (rank {drafter.cfg.markov_rank}); train it without "
+                         f"--add-markov-rank")
+    drafter.add_markov(rank, cfg["seed"])
+    return drafter
+
+
 def build_for_arch(cfg: dict, draft_vocab: str | None) -> nn.Module:
     """The drafter a `train` config starts from: one place for `train` and for rebuilding
     checkpoints."""
@@ -153,10 +167,11 @@ def build_for_arch(cfg: dict, draft_vocab: str | None) -> nn.Module:
             drafter.deepen(cfg["add_layers"], cfg["seed"])
         if cfg.get("add_taps"):
             drafter.add_taps(cfg["add_taps"])
-        return drafter
+        return with_markov_head(drafter, cfg)
     if arch == "conditioned":
-        return build_conditioned(feature_source(cfg), cfg["num_layers"], config_taps(cfg),
-                                 cfg["gamma"], draft_vocab, cfg["seed"])
+        return with_markov_head(build_conditioned(
+            feature_source(cfg), cfg["num_layers"], config_taps(cfg), cfg["gamma"], draft_vocab,
+            cfg["seed"]), cfg)
     return build_drafter(cfg["drafter"], cfg["init_from"], cfg["num_layers"], draft_vocab,
                          cfg["init_lora"], cfg.get("objective", "diffusion"))
 

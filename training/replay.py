@@ -21,6 +21,14 @@ from .data import SequenceData
 from .windows import make_batch, valid_starts
 
 
+def input_lookahead(drafter: Any, gamma: int) -> int:
+    """Tokens past the last window start a drafter's `window_logits` reads: a Markov head's
+    slots read their targets' prefixes (teacher forced: under greedy acceptance, the drafter's
+    own path wherever it counts); a drafter without the method reads the context only."""
+    lookahead = getattr(drafter, "input_lookahead", None)
+    return 0 if lookahead is None else lookahead(gamma)
+
+
 def window_logits(drafter: Any, data: SequenceData, i: int, gamma: int
                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The drafter's verifier-vocabulary logits [S, gamma, V] and the verifier's tokens
@@ -29,7 +37,7 @@ def window_logits(drafter: Any, data: SequenceData, i: int, gamma: int
     starts = list(valid_starts(data, i, gamma, min_context=int(data.prompt_lens[i]) + 1))
     if not starts:
         return None
-    batch = make_batch(data, [i], [starts], gamma)
+    batch = make_batch(data, [i], [starts], gamma, lookahead=input_lookahead(drafter, gamma))
     extra = () if batch.features is None else (batch.features,)
     with torch.inference_mode():
         raw = drafter.window_logits(batch.input_ids, batch.starts, gamma, *extra)

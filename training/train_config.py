@@ -30,6 +30,7 @@ class TrainConfig:
     num_taps: int = 3  # conditioned: verifier layers tapped (spread from 1 to N-3)
     add_layers: int = 0  # conditioned --drafter: new layers appended (zero output: same drafts)
     add_taps: list[int] = field(default_factory=list)  # conditioned --drafter: layers read too
+    add_markov_rank: int = 0  # conditioned: a new Markov head of this rank (zero output)
     loss: str = "streak"
     gamma: int = DEFAULT_GAMMA
     drafter_temperature: float = 1.0
@@ -100,6 +101,7 @@ class TrainConfig:
         if self.add_taps and (self.arch != "conditioned" or self.drafter is None):
             raise ValueError("--add-taps widens a trained conditioned drafter: use it with "
                              "--arch conditioned --drafter DIR")
+        self._validate_markov()
         if self.arch == "block-causal":
             return
         if self.num_taps < 1:
@@ -119,6 +121,15 @@ class TrainConfig:
             raise ValueError("--arch conditioned trains new layers with --finetune full; "
                              "--finetune lora adapts a trained conditioned drafter given by "
                              "--drafter DIR")
+
+    def _validate_markov(self) -> None:
+        if self.add_markov_rank < 0:
+            raise ValueError("--add-markov-rank must be >= 0")
+        if self.add_markov_rank and (self.arch != "conditioned" or self.finetune != "full"):
+            # LoRA would leave the new head frozen at zero (and outside the adapter)
+            raise ValueError("--add-markov-rank adds a Markov head to a conditioned drafter (a "
+                             "new one from --init-from, or a trained one given by --drafter "
+                             "DIR): use it with --arch conditioned --finetune full")
 
     def _validate_objective(self) -> None:
         if self.objective not in OBJECTIVES:

@@ -49,6 +49,7 @@ from .model import (
     write_json,
 )
 from .train_config import TrainConfig
+from .verifier_topk import SOFT_TARGET_K, attach_verifier_topk
 from .windows import (
     VocabMap,
     WindowBatch,
@@ -116,7 +117,7 @@ def check_data_tokenizer(meta: dict, cfg: TrainConfig) -> None:
 _RESUMABLE_CHANGES = frozenset({"output", "steps", "save_every", "eval_every", "eval_windows",
                                 "resume", "mixed_precision", "gradient_checkpointing"})
 # Settings added after runs were saved, with the value those runs had.
-_ADDED_FIELDS = {"objective": "diffusion", "add_layers": 0, "add_taps": []}
+_ADDED_FIELDS = {"objective": "diffusion", "add_layers": 0, "add_taps": [], "add_markov_rank": 0}
 # Settings renamed after runs were saved: old name -> name now.
 _RENAMED_FIELDS = {"draft_temperature": "drafter_temperature"}
 
@@ -163,8 +164,11 @@ class Trainer:
         if source is not None:
             attach_features(data, source, config_taps(asdict(cfg)), str(self.accelerator.device))
         if cfg.loss in SOFT_LOSSES and not data.has_soft_targets:
-            raise ValueError(f"--loss {cfg.loss} needs soft targets: regenerate the data with "
-                             f"`generate --top-logprobs K`")
+            if source is None:
+                raise ValueError(f"--loss {cfg.loss} needs soft targets: regenerate the data "
+                                 f"with `generate --top-logprobs K` (a conditioned drafter's "
+                                 f"verifier computes them itself)")
+            attach_verifier_topk(data, source, SOFT_TARGET_K, str(self.accelerator.device))
         self.train_data, self.heldout = split_heldout(data, cfg.heldout_fraction)
         self.soft = cfg.loss in SOFT_LOSSES
 
@@ -175,7 +179,7 @@ class Trainer:
                                                 cfg.tokenizer or cfg.init_from))
         self.drafter = build_for_arch(asdict(cfg), draft_vocab)
         # ar: the batch also holds the targets' prefixes, and no mask block is run
-        self.lookahead = cfg.gamma - 1 if cfg.objective == "ar" else 0
+        self.lookahead = self.drafter.input_lookahead(cfg.gamma)  # ar, a Markov head: gamma - 1
         self.block_tokens = 0 if cfg.objective == "ar" else cfg.gamma
         # Windows must fit the drafter's position range (context + gamma).
         self.max_length = min(cfg.max_length or self.drafter.max_positions,

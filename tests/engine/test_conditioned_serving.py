@@ -65,6 +65,21 @@ def _common(verifier) -> dict:
                 disable_log_stats=False)
 
 
+def greedy_draft(drafter: ConditionedDrafter, ids: list[int], features: torch.Tensor
+                 ) -> torch.Tensor:
+    """The drafter's greedy draft (verifier ids) after `ids`: one teacher-forced window; with a
+    Markov head, slot by slot, each slot reading the draft so far (its own greedy path)."""
+    start = torch.tensor([[len(ids)]])  # first draft position; anchor = the last token
+    path: list[int] = []
+    for k in range(GAMMA if drafter.markov is not None else 1):
+        seq = torch.tensor([ids + path + [0] * drafter.input_lookahead(GAMMA)])
+        draft = drafter.window_logits(seq, start, GAMMA, features)[0, 0].argmax(-1)
+        if drafter.draft_to_verifier is not None:
+            draft = drafter.draft_to_verifier[draft]
+        path.append(int(draft[k]))
+    return draft if drafter.markov is None else torch.tensor(path)
+
+
 @torch.no_grad()
 def reference_accepted(verifier_dir, drafter: ConditionedDrafter, prompt: list[int],
                        max_tokens: int) -> tuple[list[int], int]:
@@ -77,12 +92,7 @@ def reference_accepted(verifier_dir, drafter: ConditionedDrafter, prompt: list[i
     ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
     accepted = 0
     while len(ids) - len(prompt) < max_tokens:
-        seq = torch.tensor([ids])
-        start = torch.tensor([[len(ids)]])  # first draft position; anchor = the last token
-        logits = drafter.window_logits(seq, start, GAMMA, taps(seq))[0, 0]
-        draft = logits.argmax(-1)
-        if drafter.draft_to_verifier is not None:
-            draft = drafter.draft_to_verifier[draft]
+        draft = greedy_draft(drafter, ids, taps(torch.tensor([ids])))
         verify = model(torch.tensor([ids + draft.tolist()])).logits[0, len(ids) - 1:]
         target = verify.argmax(-1).tolist()
         n = 0
@@ -144,6 +154,33 @@ def test_the_plugin_serves_the_drafter_with_vllm_dflash_acceptance(cycle_verifie
     assert accepted == reference[1]  # = vLLM's dflash on the export (the test above)
     proposer = specdiff_stats(llm)["proposer"]
     assert proposer["context_restarts"] == 0  # every step's positions followed the last
+
+
+def test_the_plugin_serves_a_markov_headed_drafter_losslessly(cycle_verifier, exported,
+                                                            reference, tmp_path):
+    """A Markov head (drafter/markov.py, random here) served: plain decoding's output, and the
+    accepted count of the torch reference that drafts each slot from the drafter's own greedy
+    path, which differs from the headless drafter's (the served drafts read the head)."""
+    from vllm import LLM, SamplingParams
+
+    from vllm_specdiff.plugin.engine import specdiff_engine_args
+
+    headed = ConditionedDrafter.from_pretrained(exported[2], cycle_verifier)
+    headed.add_markov(4, seed=0)
+    with torch.no_grad():  # large enough to move drafts of the confident trained drafter
+        headed.markov.w_a.weight.normal_(0, 1.0)
+        headed.markov.w_b.weight.normal_(0, 1.0)
+        headed.markov.w_out.weight.normal_(0, 0.5)
+    headed.save_pretrained(tmp_path / "headed")
+    want = sum(reference_accepted(cycle_verifier, headed.eval(), p, MAX_TOKENS)[1]
+               for p in PROMPTS)
+    args = specdiff_engine_args(GAMMA, drafter=str(tmp_path / "headed"), adaptive=False,
+                                quantize="none", candidates=["argmax", "sample"], log_interval=0)
+    llm = LLM(**_common(cycle_verifier), **args)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    got, accepted = _decode(llm, params)
+    assert got == reference[0]  # plain decoding
+    assert accepted == want != reference[1]
 
 
 def test_a_tap_one_layer_off_accepts_differently(cycle_verifier, exported, reference,

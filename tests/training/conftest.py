@@ -55,3 +55,22 @@ def prompts_file(tmp_path_factory):
         lines.append(json.dumps({"prompt": words} if i % 2 else words))
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+@pytest.fixture(scope="session")
+def verifier3(tmp_path_factory):
+    """A 3-layer tiny verifier (the conditioned drafters' tests tap two of its layers)."""
+    return make_verifier(tmp_path_factory.mktemp("verifier3"), layers=3)
+
+
+@pytest.fixture(scope="session")
+def greedy_data(tmp_path_factory, verifier3, prompts_file):
+    """verifier3's greedy continuations of the prompts, without soft targets."""
+    from vllm_specdiff_training.generate import GenerateConfig, run_generate
+
+    out = tmp_path_factory.mktemp("greedy")
+    run_generate(GenerateConfig(verifier=str(verifier3), prompts=str(prompts_file),
+                                output=str(out), num_samples=1, max_new_tokens=24,
+                                temperature=0.0, top_logprobs=0, chunk_size=8, batch_size=8,
+                                backend="transformers", chat_template=False))
+    return out

@@ -8,22 +8,7 @@ import torch
 from vllm_specdiff_training.model import drafter_from_checkpoint
 from vllm_specdiff_training.trainer import TrainConfig, Trainer, latest_checkpoint
 
-from .conftest import make_verifier
-from .test_pipeline import _generate
-
 GAMMA = 4
-
-
-@pytest.fixture(scope="module")
-def verifier3(tmp_path_factory):
-    return make_verifier(tmp_path_factory.mktemp("verifier3"), layers=3)
-
-
-@pytest.fixture(scope="module")
-def greedy_data(tmp_path_factory, verifier3, prompts_file):
-    out = tmp_path_factory.mktemp("greedy")
-    _generate(verifier3, prompts_file, out, num_samples=1, temperature=0.0, top_logprobs=0)
-    return out
 
 
 def _cfg(data, out, init_from, **kw):

@@ -134,3 +134,27 @@ def test_packed_data_unpacks_to_the_same_shards(tmp_path, prompts_file, capsys):
     assert b.meta["tokenizer_fingerprint"] == a.meta["tokenizer_fingerprint"]
     assert data_pack(["unpack", "--packed", str(tmp_path / "nothing"),
                       "--output", str(tmp_path)]) == 2
+
+
+def test_under_torchrun_a_rank_owns_its_shards_whatever_another_built_first(tmp_path, monkeypatch):
+    """Ranks split the shards before looking at what exists: rank 1 starting after rank 0 built
+    shard 0 still builds shard 1 (splitting only the missing ones gave it nothing to build, and
+    both ranks waited for each other forever)."""
+    from vllm_specdiff_training.features import build_missing
+
+    pairs = [(tmp_path / f"shard-{i}", tmp_path / "out" / f"shard-{i}") for i in range(2)]
+    pairs[0][1].parent.mkdir()
+    pairs[0][1].write_text("rank 0's")
+    built = []
+
+    def builder():
+        def build(shard, out):
+            built.append(shard.name)
+            out.write_text("rank 1's")
+        return build
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    build_missing(pairs, builder, "test shards")
+    assert built == ["shard-1"]
+    assert pairs[0][1].read_text() == "rank 0's"

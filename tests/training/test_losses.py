@@ -5,7 +5,13 @@ import math
 import pytest
 import torch
 
-from vllm_specdiff_training.losses import LOSSES, Targets, expected_streak_of, get_loss
+from vllm_specdiff_training.losses import (
+    DPACE_ALPHA,
+    LOSSES,
+    Targets,
+    expected_streak_of,
+    get_loss,
+)
 
 
 def _case(n=3, g=5, v=11, k=4, seed=0):
@@ -44,6 +50,14 @@ def _reference(name, logits, t, temp):
             w = [math.exp(-j / (g / 2)) for j in cov]
             out.append(-sum(wj * q[j, t.tokens[b, j]].log() for wj, j in zip(w, cov, strict=True))
                        / max(sum(w), 1e-6))
+        elif name == "dpace":  # w_j = sum_{m>=j} prod_{i<=m} ((1-a) q_i + a), detached
+            a = DPACE_ALPHA
+            qt = [q[j, t.tokens[b, j]].detach() if t.tokens[b, j] >= 0 else q.new_zeros(())
+                  for j in range(g)]
+            reach = [math.prod((1 - a) * float(qt[i]) + a for i in range(m + 1)) for m in range(g)]
+            w = [sum(reach[j:]) if t.tokens[b, j] >= 0 else 0.0 for j in range(g)]
+            cov = [j for j in range(g) if t.tokens[b, j] >= 0]
+            out.append(-sum(w[j] * q[j, t.tokens[b, j]].log() for j in cov) / max(sum(w), 1e-6))
         elif name == "kl":
             total, rows = 0.0, 0
             for j in range(g):
@@ -118,3 +132,27 @@ def test_soft_loss_without_soft_targets_is_a_clear_error():
         get_loss("nope")
     with pytest.raises(ValueError, match="drafter-temperature"):
         get_loss("streak")(logits, t, 0.0)
+
+
+def test_dpace_weights_follow_what_the_drafter_gets_right():
+    """A position counts while the draft can reach it: once the drafter is sure of position 1
+    and wrong at position 2, position 3 weighs less than under a drafter right at both (and
+    ce-decay, whose weights are fixed, does not tell the two apart: the negative control)."""
+    g, v = 4, 6
+    tokens = torch.zeros(1, g, dtype=torch.long)
+    right = torch.full((1, g, v), -20.0)
+    right[..., 0] = 20.0  # certain of every verifier token
+    wrong_2 = right.clone()
+    wrong_2[0, 1, 0], wrong_2[0, 1, 1] = -20.0, 20.0  # certain of another token at position 2
+
+    def weight_of_position_3(loss: str, logits: torch.Tensor) -> float:
+        x = logits.clone()
+        x[0, 2] = 0.0  # position 3 uniform in both, so it has a gradient to compare
+        x.requires_grad_(True)
+        get_loss(loss)(x, Targets(tokens), 1.0).sum().backward()
+        return float(x.grad[0, 2].abs().sum())
+
+    # a = 0.5 smooths q: weights 0.58 of 4.0 against 1.17 of 7.1, a ratio of 0.87
+    assert weight_of_position_3("dpace", wrong_2) < 0.9 * weight_of_position_3("dpace", right)
+    decay_wrong, decay_right = (weight_of_position_3("ce-decay", x) for x in (wrong_2, right))
+    assert decay_wrong == pytest.approx(decay_right, rel=0.05)

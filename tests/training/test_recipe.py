@@ -60,6 +60,10 @@ def smoke(qwen3, tmp_path_factory):
         mp.setenv("SPECDIFF_CACHE_DIR", str(cache))
         assert main(["recipe", "new", "--verifier", str(qwen3), "--output", str(recipe),
                      "--gamma", str(GAMMA), "--num-prompts", "12"]) == 0
+        text = recipe.read_text()  # the evaluation also scores stage 1: a comparison's arms
+        recipe.write_text(text.replace('packs = ["self1"]\n\n[export]',
+                                       'packs = ["self1"]\nstages = ["stage1"]\n\n[export]'))
+        assert recipe.read_text() != text
         work = cache / "recipes" / "tinyqwen-conditioned-smoke"
         assert main(["recipe", "run", str(recipe), "--smoke"]) == 0
         first = json.loads((work / "summary.json").read_text())
@@ -89,6 +93,10 @@ def test_smoke_runs_every_stage_and_a_second_run_skips_them(smoke):
     assert outputs["stage2"]["steps"] == 3  # capped by --smoke
     heldout = outputs["eval"]["heldout"]
     assert heldout["windows"] > 0 and heldout["replay_accepted_per_step"] >= 0
+    arm = heldout["compared"]["stage1"]  # scored on the same windows as the exported stage 2
+    assert arm["windows"] == heldout["windows"] and arm["replay_accepted_per_step"] >= 0
+    report = json.loads(Path(heldout["output"]).read_text())
+    assert set(report["results"]) == {"stage1", "stage2"}
     # the second stage started from the first one's export and trained on
     config = json.loads((smoke.work / "runs/stage2/train_config.json").read_text())
     assert config["drafter"] == outputs["stage1"]["drafter"]
@@ -129,6 +137,8 @@ def _doc(recipe: Path) -> dict:
     (lambda d: d["train"].update(schedule="sometimes"), r"train\.schedule: must be one of"),
     (lambda d: d["drafter"].update(taps="1,2,3"), r"drafter\.taps: must be a list"),
     (lambda d: d["eval"][0].update(packs=[]), r"eval\[0\]: give exactly one of packs"),
+    (lambda d: d["eval"][0].update(stages=["stage9"]),
+     r"eval\[0\]\.stages\[0\]: no stage named 'stage9'"),
 ])
 def test_a_bad_recipe_is_refused_naming_the_field(smoke, change, message):
     doc = _doc(smoke.recipe)
@@ -192,13 +202,18 @@ def test_the_default_recipe_is_the_model_card_stage_list_on_committed_packs():
     for s in r.stages:
         assert {subsets.get(p, p) for p in s.packs} <= committed, s.name
     names = [s.name for s in r.stages]
-    assert names == ["stage1", "stage2", "stage3a", "stage3", "stage4", "stage5-arm", "stage5",
-                     "stage6-arm", "stage6", "stage7", "stage8", "stage10"]  # no stage 9
-    assert sum(s.steps for s in r.stages) == 41_150  # the model card's steps in all
+    line = ["stage1", "stage2", "stage3a", "stage3", "stage4", "stage5-arm", "stage5",
+            "stage6-arm", "stage6", "stage7", "stage8", "stage10", "stage11"]  # no stage 9
+    arms = ["stage12-ce-decay", "stage12-dpace", "stage12-markov", "stage12-kl"]  # compared
+    assert names == line + arms
+    assert sum(s.steps for s in r.stages[:12]) == 41_150  # the model card's steps to stage 10
     assert r.stages[0].start == "verifier" and r.drafter.draft_vocab_size == 8192
-    assert [s.start for s in r.stages[1:]] == names[:-1]  # each from the one before
+    assert [s.start for s in r.stages[1:len(line)]] == line[:-1]  # each from the one before
+    assert {s.start for s in r.stages[len(line):]} == {"stage11"}  # the arms: one start
+    assert len({(s.steps, tuple(s.packs), s.lr) for s in r.stages[len(line):]}) == 1
+    assert r.final_stage().add_markov_rank == 0 or "dflash" not in r.export.formats
     assert r.drafter.taps == list(spread_taps(30, 3)) == [1, 14, 27]
-    assert r.final_stage().name == "stage10" and r.final_stage().steps == 3000
+    assert r.final_stage().name in line + arms
     assert "10.1" in DEFAULT_RECIPE.read_text().split("\n\n")[0]  # CPU hours in the header
 
 

@@ -50,11 +50,13 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         if args.recipe_command == "run":
+            from ..features import launched_rank
             from .run import format_summary, run_recipe
 
             summary = run_recipe(args.recipe, smoke=args.smoke, from_stage=args.from_stage,
                                  only=args.only)
-            print(format_summary(summary))
+            if launched_rank()[0] == 0:  # under torchrun, the summary once
+                print(format_summary(summary))
         elif args.recipe_command == "new":
             from .new import new_recipe
 

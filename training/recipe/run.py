@@ -7,6 +7,11 @@ finished with the same settings (its record in WORK/stages/) is skipped; one tha
 and the step it calls keeps what exists (prompt files, shards, feature shards, the latest
 checkpoint). `--from-stage` and `--only` pick stages by name. The run ends with a summary: per
 stage done / skipped, seconds and outputs (also WORK/summary.json).
+
+Under torchrun (`torchrun --nproc-per-node N -m vllm_specdiff_training.cli recipe run ...`) the
+features and every training stage run on every process (the features split by shard, training
+DDP through accelerate); the other stages, the exports of the training stages and every record
+and summary run on rank 0 only, and after each stage the other ranks wait for rank 0's record.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..features import launched_rank
 from . import packs as P
 from . import stages as S
 from .schema import NEW_PACK_STAGE, load_recipe
@@ -36,6 +42,7 @@ class Step:
     settings: Any  # what decides its outputs: changed, the stage runs again
     action: Callable[[], dict]
     wanted: bool = True  # false: run only when --only names it (a pack nothing reads)
+    every_rank: bool = False  # under torchrun: run by every process (else by rank 0 only)
 
 
 def plan(ws: Workspace) -> list[Step]:
@@ -60,13 +67,14 @@ def plan(ws: Workspace) -> list[Step]:
                               + [p for e in r.eval for p in e.packs]))
     if r.drafter.conditioned:  # the other drafters read no verifier features
         steps.append(Step("features", {"packs": used, "taps": r.drafter.taps},
-                          functools.partial(S.build_pack_features, ws, used)))
+                          functools.partial(S.build_pack_features, ws, used), every_rank=True))
     keys: dict[str, str] = {}  # a stage's key covers the stage it starts from
     for stage in r.stages:
         settings = {"train": dataclasses.asdict(S.train_config(ws, stage)),
                     "threads": stage.threads, "start": keys.get(stage.start)}
         keys[stage.name] = digest(settings)
-        steps.append(Step(stage.name, settings, functools.partial(S.train_stage, ws, stage)))
+        steps.append(Step(stage.name, settings, functools.partial(S.train_stage, ws, stage),
+                          every_rank=True))
     final = keys[r.final_stage().name]
     if r.eval:
         steps.append(Step("eval", {"eval": [dataclasses.asdict(e) for e in r.eval],
@@ -89,6 +97,16 @@ def select(steps: list[Step], from_stage: str | None, only: str | None) -> list[
     return [s for s in kept if s.wanted]
 
 
+def meet_ranks() -> None:
+    """Under torchrun, every rank at once before a stage they run together (the process group
+    training uses), so that none starts it while another still waits for rank 0's record of
+    the stage before."""
+    import torch
+    from accelerate import PartialState
+
+    PartialState(cpu=not torch.cuda.is_available()).wait_for_everyone()
+
+
 def run_recipe(path: str | Path, smoke: bool = False, from_stage: str | None = None,
                only: str | None = None) -> dict:
     """Run (or resume) a recipe; returns the summary."""
@@ -97,8 +115,14 @@ def run_recipe(path: str | Path, smoke: bool = False, from_stage: str | None = N
         recipe = smoke_recipe(recipe)
     ws = Workspace.open(recipe, smoke)
     steps = select(plan(ws), from_stage, only)
-    ws.root.mkdir(parents=True, exist_ok=True)
-    (ws.root / "recipe.toml").write_text(Path(path).read_text())
+    rank, world = launched_rank()
+    lead = rank == 0  # under torchrun, the process that runs the one-process stages and records
+    if lead:
+        ws.root.mkdir(parents=True, exist_ok=True)
+        (ws.root / "recipe.toml").write_text(Path(path).read_text())
+    else:
+        log.info("rank %d of %d: runs the features and training stages with rank 0, waits for "
+                 "its records of the others", rank, world)
     rows: list[dict] = []
     summary = {"recipe": recipe.name, "work_dir": str(ws.root), "smoke": smoke, "stages": rows}
     try:
@@ -106,19 +130,28 @@ def run_recipe(path: str | Path, smoke: bool = False, from_stage: str | None = N
             key = digest(step.settings)
             record = ws.done(step.name, key)
             if record is not None:
-                log.info("[%d/%d] %s: done before, skipped", i, len(steps), step.name)
+                if lead:
+                    log.info("[%d/%d] %s: done before, skipped", i, len(steps), step.name)
                 rows.append({"stage": step.name, "status": "skipped", "seconds": 0.0,
                              "outputs": record["outputs"]})
                 continue
-            log.info("[%d/%d] %s", i, len(steps), step.name)
+            if lead:
+                log.info("[%d/%d] %s", i, len(steps), step.name)
             start = time.perf_counter()
             rows.append({"stage": step.name, "status": "failed", "seconds": 0.0, "outputs": {}})
-            outputs = step.action()
+            if step.every_rank and world > 1:
+                meet_ranks()
+            outputs = step.action() if lead or step.every_rank else {}
             seconds = round(time.perf_counter() - start, 1)
-            ws.write_record(step.name, key, outputs, seconds)
+            if lead:
+                ws.write_record(step.name, key, outputs, seconds)
+            else:  # what rank 0 made of the stage, before the next one reads it
+                outputs = ws.wait_for_record(step.name, key)["outputs"]
             rows[-1].update(status="done", seconds=seconds, outputs=outputs)
     finally:
-        (ws.root / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        if lead:
+            (ws.root / "summary.json").write_text(json.dumps(summary, indent=2, default=str)
+                                                  + "\n")
     return summary
 
 

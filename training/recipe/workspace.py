@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,8 @@ from .fields import RecipeError
 from .schema import DEFAULT_VERIFIER, VERIFIER_START, Recipe
 
 MAX_PACKED_VOCAB = 2**16  # data_pack stores token ids as uint16
+RECORD_WAIT_S = 24 * 3600.0  # how long the other ranks wait for rank 0's record of a stage
+RECORD_POLL_S = 1.0
 
 
 @dataclass
@@ -74,8 +78,21 @@ class Workspace:
     def write_record(self, step: str, key: str, outputs: dict, seconds: float) -> None:
         path = self.record(step)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": key, "outputs": outputs, "seconds": seconds},
-                                   indent=2, default=str) + "\n")
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")  # whole, for the ranks that wait for it
+        tmp.write_text(json.dumps({"key": key, "outputs": outputs, "seconds": seconds},
+                                  indent=2, default=str) + "\n")
+        tmp.replace(path)
+
+    def wait_for_record(self, step: str, key: str, timeout_s: float | None = None) -> dict:
+        """Under torchrun, rank 0's record of a stage, polled until it is there: the other
+        ranks go on only from what rank 0 made (torchrun ends them if rank 0 fails)."""
+        deadline = time.monotonic() + (RECORD_WAIT_S if timeout_s is None else timeout_s)
+        while (record := self.done(step, key)) is None:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank 0 never recorded stage {step} ({self.record(step)}): "
+                                   f"did it fail?")
+            time.sleep(RECORD_POLL_S)
+        return record
 
     # ---- checks that need the verifier ----------------------------------------------------------
     def check_verifier(self) -> None:

@@ -52,6 +52,11 @@ class Drafter(nn.Module):
         """Alias of `window_logits`, so a peft-wrapped drafter can be called directly."""
         return self.window_logits(input_ids, starts, gamma)
 
+    def input_lookahead(self, gamma: int) -> int:
+        """Tokens past the last window start that `window_logits` reads (a batch must hold
+        them): none, the context only, unless a drafter reads its targets' prefixes."""
+        return 0
+
     # ---- cache (only the block-causal drafter keeps one) ----------------------------------------
     def clear_cache(self) -> None:
         """Drop every cached context encoding and zero the cache counters."""

@@ -17,7 +17,8 @@ frozen; a learned mask embedding stands in for the mask token (SmolLM2 has no sp
 
 Layers are Qwen3-style (pre-norm, q/k RMSNorm, SwiGLU) with the tensor names of vLLM's native
 `dflash` checkpoints, so `specdiff-distill export --format dflash` only renames the directory's
-files; the computation here is the one vLLM's `qwen3_dflash` model runs.
+files; the computation here is the one vLLM's `qwen3_dflash` model runs. An optional Markov head
+(`markov_rank`, drafter/markov.py: each slot reads its previous token) has no `dflash` match.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from torch import nn
 
 from .base import Drafter
 from .checkpoint import read_config, read_weights
+from .markov import MarkovHead, previous_tokens, teacher_forced_logits
 from .vocab import D2T_FILE, load_d2t, save_d2t
 
 MODEL_TYPE = "specdiff_conditioned"
@@ -63,6 +65,7 @@ class ConditionedConfig:
     max_position_embeddings: int = 8192
     verifier_num_layers: int = 30
     model_type: str = field(default=MODEL_TYPE)
+    markov_rank: int = 0  # rank of the Markov head (drafter/markov.py); 0: none
 
     def __post_init__(self) -> None:
         if self.model_type != MODEL_TYPE:
@@ -80,6 +83,8 @@ class ConditionedConfig:
                              f"before layer L + 1)")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("num_attention_heads must be a multiple of num_key_value_heads")
+        if not isinstance(self.markov_rank, int) or self.markov_rank < 0:
+            raise ValueError(f"markov_rank must be an int >= 0 (0: none), got {self.markov_rank!r}")
 
     @property
     def gamma(self) -> int:
@@ -234,6 +239,7 @@ class ConditionedDrafter(Drafter):
         self.layers = nn.ModuleList(ConditionedLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = nn.RMSNorm(h, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.vocab_size, bias=False)
+        self.markov = MarkovHead(h, cfg.markov_rank) if cfg.markov_rank else None
         self.register_buffer("draft_to_verifier", None)
         for p in (self.embed_tokens.weight, self.lm_head.weight):
             p.requires_grad_(False)
@@ -297,7 +303,12 @@ class ConditionedDrafter(Drafter):
         anchors = input_ids.gather(1, anchor_pos)
         ctx_allowed = pos[:, None, :] < anchor_pos[:, :, None]
         hidden = self.block_hidden(anchors, anchor_pos, self.context_kv(ctx, pos), ctx_allowed)
-        return self.lm_head(hidden[:, :, 1:gamma + 1])
+        previous = None if self.markov is None else previous_tokens(input_ids, anchor_pos, gamma)
+        return teacher_forced_logits(self, hidden[:, :, 1:gamma + 1], previous)
+
+    def input_lookahead(self, gamma: int) -> int:
+        """Tokens past the last window start window_logits reads (a Markov head: targets')."""
+        return gamma - 1 if self.markov is not None else 0
 
     # ---- construction and files -----------------------------------------------------------------
     @classmethod
@@ -306,8 +317,8 @@ class ConditionedDrafter(Drafter):
         """Random layers (scaled like the verifier's init), the verifier's embedding and head."""
         torch.manual_seed(seed)
         model = cls(cfg)
-        for name, p in model.named_parameters():
-            if p.dim() == 2 and name not in SHARED:
+        for name, p in model.named_parameters():  # a Markov head keeps its own init
+            if p.dim() == 2 and name not in SHARED and not name.startswith("markov."):
                 nn.init.normal_(p, std=0.02 / (1 if "o_proj" not in name and "down_proj"
                                                not in name else math.sqrt(2 * len(model.layers))))
         model.load_shared(verifier_dir, draft_to_verifier)
@@ -349,6 +360,16 @@ class ConditionedDrafter(Drafter):
                 j = taps.index(t)
                 fc.weight[:, j * h:(j + 1) * h] = self.fc.weight[:, i * h:(i + 1) * h]
         self.fc, self.cfg = fc, cfg
+
+    def add_markov(self, rank: int, seed: int = 0) -> None:
+        """Add a Markov head of this rank, its W_out zero: the drafter drafts exactly as before
+        and training decides what the previous token adds (drafter/markov.py)."""
+        if self.markov is not None:
+            raise ValueError(f"the drafter has a Markov head already (rank {self.cfg.markov_rank})")
+        torch.manual_seed(seed)
+        head = MarkovHead(self.cfg.hidden_size, rank)  # refuses a rank < 1
+        self.cfg = replace(self.cfg, markov_rank=rank)
+        self.markov = head.to(device=self.device, dtype=self.dtype)
 
     # attributes the trainer reads from every drafter
     @property
@@ -405,7 +426,10 @@ class ConditionedDrafter(Drafter):
                   str(out / WEIGHTS_FILE))
         if self.draft_to_verifier is not None:
             save_d2t(out, self.draft_to_verifier)
-        (out / CONFIG_FILE).write_text(json.dumps(asdict(self.cfg), indent=2) + "\n")
+        config = asdict(self.cfg)
+        if not config["markov_rank"]:  # a drafter without a head: the files it always had
+            del config["markov_rank"]
+        (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
 
     @classmethod
     def from_pretrained(cls, path: str | Path, verifier_dir: str | Path

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .conditioned import ConditionedDrafter
+from .markov import greedy_chain_logits
 
 DEFAULT_CACHE_BYTES = 2**30
 DEFAULT_MAX_RETIRED = 64
@@ -388,7 +389,8 @@ class ConditionedContextCache:
                        < torch.tensor(lengths, device=device)[:, None])[:, None]
         anchor_pos = torch.tensor([[e.end] for e in entries], device=device)
         hidden = d.block_hidden(anchors.to(device)[:, None], anchor_pos, ctx, ctx_allowed)
-        return d.lm_head(hidden[:, 0, 1:])
+        # with a Markov head, each slot conditioned on the drafter's own greedy path
+        return greedy_chain_logits(d, hidden[:, 0, 1:], anchors)
 
 
 def _empty(drafter: ConditionedDrafter, device: torch.device) -> torch.Tensor:
