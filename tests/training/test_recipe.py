@@ -214,7 +214,7 @@ def test_the_default_recipe_is_the_model_card_stage_list_on_committed_packs():
     assert r.final_stage().add_markov_rank == 0 or "dflash" not in r.export.formats
     assert r.drafter.taps == list(spread_taps(30, 3)) == [1, 14, 27]
     assert r.final_stage().name in line + arms
-    assert "10.1" in DEFAULT_RECIPE.read_text().split("\n\n")[0]  # CPU hours in the header
+    assert "10.5" in DEFAULT_RECIPE.read_text().split("\n\n")[0]  # CPU hours in the header
 
 
 def test_only_picks_a_stage_and_a_stage_without_its_record_resumes(smoke, capsys):
